@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# Installs what building and testing qemfs needs on a fresh Debian machine.
+# Idempotent: each step is skipped when its result is already there.
+set -euo pipefail
+
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "error: cargo not found; install Rust (https://rustup.rs) first" >&2
+  exit 2
+fi

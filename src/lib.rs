@@ -1,0 +1,8 @@
+//! The core library of qemfs: exact, fast implementations of the `.qem`
+//! (4D-STEM acquisitions) and `.semq` (quantised embedding states) formats.
+//!
+//! The binaries (`qem`, `semq`, `qemfs`) are thin layers over this crate;
+//! nothing here knows about FUSE, GPUs or command lines.
+
+pub mod qem;
+pub mod semq;

@@ -1,0 +1,1 @@
+//! The `.qem` container (see `shared/spec/qem.md`).

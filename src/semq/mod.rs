@@ -1,0 +1,1 @@
+//! The `.semq` format (see `shared/spec/semq.md`).
