@@ -1,1 +1,3 @@
 //! The `.qem` container (see `shared/spec/qem.md`).
+
+pub mod tables;
