@@ -4,5 +4,6 @@
 //! The binaries (`qem`, `semq`, `qemfs`) are thin layers over this crate;
 //! nothing here knows about FUSE, GPUs or command lines.
 
+pub mod npy;
 pub mod qem;
 pub mod semq;
