@@ -4,6 +4,7 @@
 //! The binaries (`qem`, `semq`, `qemfs`) are thin layers over this crate;
 //! nothing here knows about FUSE, GPUs or command lines.
 
+pub mod cache;
 pub mod npy;
 pub mod qem;
 pub mod semq;
