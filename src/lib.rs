@@ -5,6 +5,7 @@
 //! nothing here knows about FUSE, GPUs or command lines.
 
 pub mod cache;
+pub mod export;
 pub mod npy;
 pub mod qem;
 pub mod semq;
