@@ -7,5 +7,6 @@
 pub mod cache;
 pub mod export;
 pub mod npy;
+pub mod publish;
 pub mod qem;
 pub mod semq;
