@@ -1,0 +1,10 @@
+//! Shared plumbing of the `qem` and `semq` binaries: exit codes, error
+//! reporting, stdout handling, progress bars and the clap definitions (kept
+//! in the library so man pages and completions are generated from the very
+//! same definitions the binaries parse with).
+
+pub mod argparse;
+pub mod exit;
+pub mod out;
+pub mod progress;
+pub mod semq_args;

@@ -1,0 +1,39 @@
+//! Standard output for commands: buffered, and never a panic when the
+//! reader closes the pipe (`println!` would panic; these writes return an
+//! error that [`crate::exit::finish`] turns into a quiet exit).
+
+use std::io::{self, BufWriter, StdoutLock, Write};
+
+/// A buffered handle on stdout; call [`Stdout::done`] to flush.
+pub struct Stdout(BufWriter<StdoutLock<'static>>);
+
+impl Stdout {
+    pub fn new() -> Self {
+        Stdout(BufWriter::with_capacity(1 << 16, io::stdout().lock()))
+    }
+
+    /// Flushes, reporting a closed pipe or a full disk as an error.
+    pub fn done(mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
+
+impl Default for Stdout {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Write for Stdout {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.0.write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.flush()
+    }
+}
