@@ -5,6 +5,8 @@
 
 pub mod argparse;
 pub mod exit;
+pub mod manpages;
 pub mod out;
 pub mod progress;
+pub mod qem_args;
 pub mod semq_args;

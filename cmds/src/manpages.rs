@@ -1,0 +1,47 @@
+//! Man pages and completion scripts, generated from the clap definitions so
+//! they cannot drift from what the binaries accept.
+
+use clap::{Command, CommandFactory};
+use std::io::Write;
+
+/// Every man page of both tools: `(file name, roff text)`. One page per
+/// tool and one per subcommand (`qem-show.1`, ...), as git does.
+pub fn render_all() -> Vec<(String, Vec<u8>)> {
+    let mut pages = Vec::new();
+    for command in [
+        crate::qem_args::Cli::command(),
+        crate::semq_args::Cli::command(),
+    ] {
+        let command = command.version(env!("CARGO_PKG_VERSION"));
+        let name = command.get_name().to_string();
+        pages.push((format!("{name}.1"), render(&command)));
+        for sub in command.get_subcommands() {
+            let full = format!("{name}-{}", sub.get_name());
+            let sub = sub
+                .clone()
+                .name(full.clone())
+                .version(env!("CARGO_PKG_VERSION"));
+            pages.push((format!("{full}.1"), render(&sub)));
+        }
+    }
+    pages
+}
+
+fn render(command: &Command) -> Vec<u8> {
+    let mut out = Vec::new();
+    // Writing into a Vec cannot fail.
+    let _ = clap_mangen::Man::new(command.clone()).render(&mut out);
+    out
+}
+
+/// Writes the completion script for `shell` of the tool described by `command`.
+pub fn completions(
+    mut command: Command,
+    shell: clap_complete::Shell,
+    out: &mut impl Write,
+) -> std::io::Result<()> {
+    let name = command.get_name().to_string();
+    let mut buffer = Vec::new();
+    clap_complete::generate(shell, &mut command, name, &mut buffer);
+    out.write_all(&buffer)
+}

@@ -1,0 +1,144 @@
+//! The `qem` command line: one clap definition that the binary parses with
+//! and from which the man pages and shell completions are generated.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+
+const EXAMPLES: &str = "\
+Examples:
+  qem show scan.qem
+  qem validate *.qem                       # full check: decode everything
+  qem hash a.qem b.qem                     # equal hashes = same measurements
+  qem diff a.qem b.qem --json
+  qem convert scan.npy scan.qem --metadata calib.json
+  qem convert scan.qem scan.npy
+  qem ls scan.qem virtual
+  qem cat scan.qem virtual/bf.npy > bf.npy
+
+Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "qem",
+    version,
+    about = "Inspect, check, compare and convert .qem 4D-STEM acquisitions",
+    after_help = EXAMPLES,
+    disable_help_subcommand = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Print codec, dtypes, shape, chunks, sizes, compression and calibration
+    Show(ShowArgs),
+    /// Check files: decode everything, verify checksums and the spatial index
+    Validate(ValidateArgs),
+    /// SHA-256 of the decoded array (or of the file bytes), like sha256sum
+    Hash(HashArgs),
+    /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
+    Diff(DiffArgs),
+    /// Convert between .npy, raw binary, .qem and .tiff
+    Convert(ConvertArgs),
+    /// List the virtual tree of a file (as the mount shows it)
+    Ls(LsArgs),
+    /// Write one file of the virtual tree to stdout
+    Cat(CatArgs),
+    /// Print a shell completion script
+    Completions(CompletionsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ShowArgs {
+    /// The .qem file
+    pub file: PathBuf,
+    /// Print the full header and the computed summary as JSON
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ValidateArgs {
+    /// Files to check (in parallel)
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Only the envelope, header, metadata, layout and body checksums
+    #[arg(long)]
+    pub quick: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct HashArgs {
+    /// Files to hash
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+    /// Hash the file bytes instead of the decoded array
+    #[arg(long)]
+    pub file: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    pub a: PathBuf,
+    pub b: PathBuf,
+    /// Print the differences as one JSON object
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RawDtype {
+    Uint8,
+    Uint16,
+    Float32,
+}
+
+#[derive(Debug, Args)]
+pub struct ConvertArgs {
+    /// .npy, raw binary (with --shape and --dtype) or .qem
+    pub input: PathBuf,
+    /// .qem, .npy or .tiff
+    pub output: PathBuf,
+    /// JSON merged into the scientific metadata (calibration, voltage, ...)
+    #[arg(long, value_name = "JSON")]
+    pub metadata: Option<PathBuf>,
+    /// Raw input: scan_rows,scan_columns,detector_rows,detector_columns
+    #[arg(long, value_delimiter = ',', num_args = 4)]
+    pub shape: Option<Vec<u32>>,
+    /// Raw input: element type (little-endian)
+    #[arg(long, value_enum)]
+    pub dtype: Option<RawDtype>,
+    /// Scans per chunk of the written .qem
+    #[arg(long)]
+    pub chunk_scans: Option<u32>,
+    /// Replace OUTPUT if it exists
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// The .qem or .semq file
+    pub file: PathBuf,
+    /// A folder inside its virtual tree
+    pub path: Option<String>,
+    /// Show sizes
+    #[arg(short, long)]
+    pub long: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    /// The .qem or .semq file
+    pub file: PathBuf,
+    /// A file inside its virtual tree, e.g. virtual/bf.npy
+    pub path: String,
+}
+
+#[derive(Debug, Args)]
+pub struct CompletionsArgs {
+    /// bash, zsh, fish, elvish or powershell
+    pub shell: clap_complete::Shell,
+}
