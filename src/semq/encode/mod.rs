@@ -1,0 +1,322 @@
+//! Encoding float32 vectors into a state (spec 6), decoding symbols into
+//! representatives, and constructing a state from packed rows (spec 8).
+
+mod orbit;
+mod phase;
+mod quant;
+
+pub use orbit::Orbit;
+pub use phase::Phase;
+pub use quant::Quant;
+
+use rayon::prelude::*;
+
+use super::config::{Config, Operator};
+use super::encoding::{fill_u64_ids, fill_utf8_ids, Encoding, ImageBuilder};
+use super::error::{Result, SemqError};
+use super::ids::{check_utf8_id, IdKind, IdList};
+use super::manifest::Manifest;
+use super::rows;
+
+/// The operator of a config with its precomputed constants.
+#[derive(Debug, Clone)]
+pub enum Codec {
+    Orbit(Orbit),
+    Phase(Phase),
+    Quant(Quant),
+}
+
+impl Codec {
+    pub fn new(config: &Config) -> Codec {
+        match config.operator() {
+            Operator::Orbit => Codec::Orbit(Orbit::new(config)),
+            Operator::Phase => Codec::Phase(Phase::new(config)),
+            Operator::Quant => Codec::Quant(Quant::new(config)),
+        }
+    }
+
+    /// Symbols of one admitted row.
+    pub fn encode_row(&self, row: &[f32], symbols: &mut [u8]) {
+        match self {
+            Codec::Orbit(o) => o.encode_row(row, symbols),
+            Codec::Phase(p) => p.encode_row(row, symbols),
+            Codec::Quant(q) => q.encode_row(row, symbols),
+        }
+    }
+}
+
+/// Why a row was not admitted (spec 6, step 3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowRejection {
+    /// NaN or ±infinity at this coordinate.
+    NotFinite(usize),
+    NotUnitNorm,
+}
+
+/// Flushes |x| < 2^-126 to +0.0 into `out`, then checks finiteness and
+/// the binary64 sum of squares against 1 ± 2^-10.
+pub fn admit(row: &[f32], out: &mut [f32]) -> Result<(), RowRejection> {
+    for (o, &x) in out.iter_mut().zip(row) {
+        *o = if x.abs() < f32::MIN_POSITIVE { 0.0 } else { x };
+    }
+    if let Some(i) = out.iter().position(|x| !x.is_finite()) {
+        return Err(RowRejection::NotFinite(i));
+    }
+    // In index order, each square exact, each addition rounded.
+    let mut s = 0.0f64;
+    for &x in out.iter() {
+        let x = f64::from(x);
+        s += x * x;
+    }
+    const TOL: f64 = 1.0 / 1024.0;
+    let d = s - 1.0;
+    if (-TOL..=TOL).contains(&d) {
+        Ok(())
+    } else {
+        Err(RowRejection::NotUnitNorm)
+    }
+}
+
+/// Validates the ids (spec 6, step 2) and returns the input indices in
+/// sorted id order.
+fn sorted_order(ids: &IdList) -> Result<Vec<usize>> {
+    let mut order: Vec<usize> = (0..ids.len()).collect();
+    match ids {
+        IdList::U64(v) => {
+            order.par_sort_by_key(|&i| v[i]);
+            if let Some(w) = order.windows(2).find(|w| v[w[0]] == v[w[1]]) {
+                return Err(SemqError::invalid_at(
+                    "duplicate id",
+                    Some(w[1] as u64),
+                    None,
+                ));
+            }
+        }
+        IdList::Utf8(v) => {
+            for (i, id) in v.iter().enumerate() {
+                check_utf8_id(id)
+                    .map_err(|f| SemqError::invalid_at(f.message(), Some(i as u64), None))?;
+            }
+            order.par_sort_by(|&a, &b| v[a].cmp(&v[b]));
+            if let Some(w) = order.windows(2).find(|w| v[w[0]] == v[w[1]]) {
+                return Err(SemqError::invalid_at(
+                    "duplicate id",
+                    Some(w[1] as u64),
+                    None,
+                ));
+            }
+        }
+    }
+    Ok(order)
+}
+
+fn row_error(input_index: usize, r: RowRejection) -> SemqError {
+    match r {
+        RowRejection::NotFinite(c) => SemqError::invalid_at(
+            "vector has a NaN or infinite coordinate",
+            Some(input_index as u64),
+            Some(c as u64),
+        ),
+        RowRejection::NotUnitNorm => SemqError::invalid_at(
+            "vector is not unit-norm (|sum of squares - 1| > 2^-10)",
+            Some(input_index as u64),
+            None,
+        ),
+    }
+}
+
+fn builder_for(config: Config, ids: &IdList, manifest: Manifest) -> Result<ImageBuilder> {
+    let id_bytes: usize = match ids {
+        IdList::U64(_) => 0,
+        IdList::Utf8(v) => v.iter().map(Vec::len).sum(),
+    };
+    ImageBuilder::new(config, ids.kind(), ids.len(), id_bytes, manifest)
+}
+
+fn fill_ids(builder: &mut ImageBuilder, ids: &IdList, order: &[usize]) {
+    match ids {
+        IdList::U64(v) => fill_u64_ids(builder.ids_mut(), order.iter().map(|&i| v[i])),
+        IdList::Utf8(v) => fill_utf8_ids(
+            builder.ids_mut(),
+            order.len(),
+            order.iter().map(|&i| v[i].as_slice()),
+        ),
+    }
+}
+
+/// Encodes `vectors` (ids.len() × dim binary32 values, row i belongs to
+/// input id i) under `config` with the manifest `pairs` (caller order).
+///
+/// Checks run in the order of spec 6 and the first failure wins: ids,
+/// then rows in sorted id order (`row` = input index), then the manifest.
+/// The result does not depend on the input order of the (id, vector) pairs.
+pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+    config: Config,
+    ids: &IdList,
+    vectors: &[f32],
+    pairs: &[(K, V)],
+) -> Result<Encoding> {
+    let dim = config.dim() as usize;
+    let n = ids.len();
+    if n.checked_mul(dim) != Some(vectors.len()) {
+        return Err(SemqError::invalid("vectors must hold n × dim values"));
+    }
+    let order = sorted_order(ids)?;
+    let manifest = Manifest::from_pairs(pairs);
+    // Rows are encoded straight into the image; a bad manifest must still
+    // be reported after the rows, so the space is sized with an empty one.
+    let mut builder = builder_for(config, ids, manifest.as_ref().cloned().unwrap_or_default())?;
+    fill_ids(&mut builder, ids, &order);
+
+    let codec = Codec::new(&config);
+    let bpv = config.bytes_per_vector();
+    let units = config.units_per_row();
+    if bpv > 0 && n > 0 {
+        let first_error = builder
+            .rows_mut()
+            .par_chunks_mut(bpv)
+            .with_min_len(256)
+            .zip(order.par_iter())
+            .enumerate()
+            .map_init(
+                || (vec![0f32; dim], vec![0u8; units]),
+                |(flushed, symbols), (pos, (dst, &input))| {
+                    let src = &vectors[input * dim..(input + 1) * dim];
+                    match admit(src, flushed) {
+                        Ok(()) => {
+                            codec.encode_row(flushed, symbols);
+                            rows::pack(&config, symbols, dst);
+                            None
+                        }
+                        Err(r) => Some((pos, input, r)),
+                    }
+                },
+            )
+            .flatten()
+            .min_by_key(|(pos, _, _)| *pos);
+        if let Some((_, input, r)) = first_error {
+            return Err(row_error(input, r));
+        }
+    }
+    manifest?;
+    Ok(builder.finish())
+}
+
+/// Builds a state from caller-supplied packed rows (`rows` = ids.len() ×
+/// bytes_per_vector bytes, row i belongs to input id i). Checks, in order:
+/// row count, canonical rows (`field` = first bad unit, absent for a
+/// padding bit), ids, manifest (spec 8).
+pub fn from_rows<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+    config: Config,
+    ids: &IdList,
+    rows_in: &[u8],
+    pairs: &[(K, V)],
+) -> Result<Encoding> {
+    let bpv = config.bytes_per_vector();
+    let n = ids.len();
+    if n.checked_mul(bpv) != Some(rows_in.len()) {
+        return Err(SemqError::invalid(
+            "rows must hold n × bytes_per_vector bytes",
+        ));
+    }
+    if bpv > 0 {
+        for (i, row) in rows_in.chunks_exact(bpv).enumerate() {
+            if let Err(f) = rows::check_canonical(&config, row) {
+                return Err(SemqError::invalid_at(
+                    "row is not canonical",
+                    Some(i as u64),
+                    f.unit.map(|u| u as u64),
+                ));
+            }
+        }
+    }
+    let order = sorted_order(ids)?;
+    let manifest = Manifest::from_pairs(pairs)?;
+    let mut builder = builder_for(config, ids, manifest)?;
+    fill_ids(&mut builder, ids, &order);
+    if bpv > 0 {
+        for (dst, &input) in builder.rows_mut().chunks_exact_mut(bpv).zip(&order) {
+            dst.copy_from_slice(&rows_in[input * bpv..(input + 1) * bpv]);
+        }
+    }
+    Ok(builder.finish())
+}
+
+/// Builds a state from packed symbols (one byte per unit).
+pub fn from_symbols<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+    config: Config,
+    ids: &IdList,
+    symbols: &[u8],
+    pairs: &[(K, V)],
+) -> Result<Encoding> {
+    let units = config.units_per_row();
+    if ids.len().checked_mul(units) != Some(symbols.len()) {
+        return Err(SemqError::invalid(
+            "symbols must hold n × units_per_row values",
+        ));
+    }
+    let alphabet = config.alphabet();
+    if let Some(p) = symbols.iter().position(|&s| u32::from(s) >= alphabet) {
+        return Err(SemqError::invalid_at(
+            "symbol is outside the alphabet",
+            Some((p / units.max(1)) as u64),
+            Some((p % units.max(1)) as u64),
+        ));
+    }
+    let bpv = config.bytes_per_vector();
+    let mut packed = vec![0u8; ids.len() * bpv];
+    if units > 0 {
+        for (src, dst) in symbols
+            .chunks_exact(units)
+            .zip(packed.chunks_exact_mut(bpv))
+        {
+            rows::pack(&config, src, dst);
+        }
+    }
+    from_rows(config, ids, &packed, pairs)
+}
+
+/// Which kind an empty id list has is given by the `IdList` variant.
+pub fn empty(config: Config, kind: IdKind, manifest: Manifest) -> Result<Encoding> {
+    Ok(ImageBuilder::new(config, kind, 0, 0, manifest)?.finish())
+}
+
+impl Encoding {
+    /// Representatives of every unit (decode), n × dim binary32 values in
+    /// sorted id order. Not normalized; outside the byte contract.
+    pub fn decode(&self) -> Vec<f32> {
+        let config = self.config();
+        let dim = config.dim() as usize;
+        let units = config.units_per_row();
+        let symbols = self.unpack();
+        let mut out = vec![0f32; self.len() * dim];
+        match Codec::new(&config) {
+            Codec::Quant(q) => {
+                let table: Vec<f32> = (0..config.alphabet())
+                    .map(|s| q.representative(s as u8))
+                    .collect();
+                for (o, &s) in out.iter_mut().zip(&symbols) {
+                    *o = table.get(usize::from(s)).copied().unwrap_or(0.0);
+                }
+            }
+            Codec::Orbit(o) => {
+                let table: Vec<f32> = (0..config.alphabet())
+                    .map(|s| o.representative(s as u8))
+                    .collect();
+                for (v, &s) in out.iter_mut().zip(&symbols) {
+                    *v = table.get(usize::from(s)).copied().unwrap_or(0.0);
+                }
+            }
+            Codec::Phase(p) => {
+                let table = p.representatives();
+                for (pair, &s) in out.chunks_exact_mut(2).zip(&symbols) {
+                    let (x, y) = table.get(usize::from(s)).copied().unwrap_or((0.0, 0.0));
+                    pair[0] = x;
+                    pair[1] = y;
+                }
+            }
+        }
+        debug_assert_eq!(symbols.len(), self.len() * units);
+        out
+    }
+}

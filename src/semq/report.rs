@@ -1,0 +1,209 @@
+//! The JSON and text reports of `semq show` and `semq diff` (spec 9.1 and
+//! 13), produced here so that the CLI only prints them.
+//!
+//! JSON text follows Python's `json.dump(..., ensure_ascii=False)`: `", "`
+//! and `": "` separators, non-ASCII written raw, control characters below
+//! U+0020 escaped — the exact bytes the upstream CLI prints.
+
+use std::borrow::Cow;
+use std::fmt::Write as _;
+
+use super::config::Config;
+use super::diff::Diff;
+use super::encoding::Encoding;
+use super::floor::Verdict;
+use super::identity::to_hex;
+use super::ids::{Id, IdRef};
+
+/// Appends `s` as a JSON string the way Python's encoder does with
+/// `ensure_ascii=False`.
+pub fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+fn push_id(out: &mut String, id: IdRef<'_>) {
+    match id {
+        // Ids are strings in both kinds (JavaScript cannot hold 2^64−1).
+        IdRef::U64(v) => {
+            let _ = write!(out, "\"{v}\"");
+        }
+        IdRef::Utf8(s) => push_json_string(out, s),
+    }
+}
+
+fn push_list<T>(
+    out: &mut String,
+    items: impl IntoIterator<Item = T>,
+    mut each: impl FnMut(&mut String, T),
+) {
+    out.push('[');
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        each(out, item);
+    }
+    out.push(']');
+}
+
+/// `{"operator": ..., "dim": ..., "<param>": ..., "rule_revision": ...}`
+pub fn push_config(out: &mut String, c: &Config) {
+    let _ = write!(
+        out,
+        "{{\"operator\": \"{}\", \"dim\": {}, \"{}\": {}, \"rule_revision\": {}}}",
+        c.operator().name(),
+        c.dim(),
+        c.operator().param_name(),
+        c.param(),
+        c.rule_revision()
+    );
+}
+
+/// The stdout of `semq show --json FILE`, final newline included. All
+/// ids are listed whatever the limit.
+pub fn show_json(e: &Encoding) -> String {
+    let mut out = String::with_capacity(256 + e.len() * 24);
+    out.push_str("{\"config\": ");
+    push_config(&mut out, &e.config());
+    let _ = write!(
+        out,
+        ", \"id_kind\": \"{}\", \"n\": {}, \"content_digest\": \"{}\", \"state_id\": \"{}\", \"manifest\": {{",
+        e.id_kind().name(),
+        e.len(),
+        to_hex(e.content_digest()),
+        to_hex(e.state_id())
+    );
+    for (i, (k, v)) in e.manifest().pairs().iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        push_json_string(&mut out, k);
+        out.push_str(": ");
+        push_json_string(&mut out, v);
+    }
+    out.push_str("}, \"ids\": ");
+    push_list(&mut out, e.ids(), push_id);
+    out.push_str("}\n");
+    out
+}
+
+fn push_opt(out: &mut String, v: &Option<String>) {
+    match v {
+        Some(s) => push_json_string(out, s),
+        None => out.push_str("null"),
+    }
+}
+
+fn push_owned_id(out: &mut String, id: &Id) {
+    push_id(out, id.as_ref());
+}
+
+/// The stdout of `semq diff --json REF NEW`, final newline included; with
+/// a gate, `"within"` (base checks) and `"verdict"` follow.
+pub fn diff_json(d: &Diff, gate: Option<(bool, &Verdict)>) -> String {
+    let mut out =
+        String::with_capacity(512 + (d.added.len() + d.removed.len() + d.changed.len()) * 24);
+    let _ = write!(
+        out,
+        "{{\"reference_id\": \"{}\", \"candidate_id\": \"{}\", \"id_kind\": \"{}\", \"config\": ",
+        to_hex(&d.reference_id),
+        to_hex(&d.candidate_id),
+        d.id_kind.name()
+    );
+    push_config(&mut out, &d.config);
+    out.push_str(", \"added\": ");
+    push_list(&mut out, &d.added, push_owned_id);
+    out.push_str(", \"removed\": ");
+    push_list(&mut out, &d.removed, push_owned_id);
+    out.push_str(", \"changed\": ");
+    push_list(&mut out, &d.changed, |o, (id, h)| {
+        o.push('[');
+        push_owned_id(o, id);
+        let _ = write!(o, ", {h}]");
+    });
+    let _ = write!(
+        out,
+        ", \"n_unchanged\": {}, \"manifest_changes\": {{",
+        d.n_unchanged
+    );
+    for (i, c) in d.manifest_changes.iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        push_json_string(&mut out, &c.key);
+        out.push_str(": [");
+        push_opt(&mut out, &c.before);
+        out.push_str(", ");
+        push_opt(&mut out, &c.after);
+        out.push(']');
+    }
+    out.push('}');
+    if let Some((within, v)) = gate {
+        let _ = write!(
+            out,
+            ", \"within\": {}, \"verdict\": {{\"passed\": {}, \"reasons\": ",
+            within, v.passed
+        );
+        push_list(&mut out, &v.reasons, |o, r| {
+            let _ = write!(o, "\"{}\"", r.name());
+        });
+        out.push_str(", \"rows\": ");
+        push_list(&mut out, &v.rows, push_owned_id);
+        out.push('}');
+    }
+    out.push_str("}\n");
+    out
+}
+
+/// Human output escaping: every Unicode Cc character (U+0000..U+001F,
+/// U+007F..U+009F) becomes `\uXXXX` in lowercase hex; nothing else changes.
+pub fn escape_human(s: &str) -> Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        if c.is_control() {
+            let _ = write!(out, "\\u{:04x}", c as u32);
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn python_string_escapes() {
+        let mut s = String::new();
+        push_json_string(&mut s, "a\"\\\n\u{1}\u{7f}é\u{2028}");
+        assert_eq!(s, "\"a\\\"\\\\\\n\\u0001\u{7f}é\u{2028}\"");
+    }
+
+    #[test]
+    fn human_escapes_cc_only() {
+        assert_eq!(
+            escape_human("a\tb\u{7f}\u{85}\u{2028}\\"),
+            "a\\u0009b\\u007f\\u0085\u{2028}\\"
+        );
+    }
+}
