@@ -10,3 +10,4 @@ pub mod out;
 pub mod progress;
 pub mod qem_args;
 pub mod semq_args;
+pub mod semq_cmd;

@@ -36,7 +36,7 @@ impl Manifest {
                 return Err(at("manifest key must be 1..256 bytes"));
             }
             if v.len() > MAX_VALUE_LEN {
-                return Err(at("manifest value exceeds 65536 bytes"));
+                return Err(at("manifest value must be at most 65536 bytes"));
             }
             let Some(key) = text(k) else {
                 return Err(at("manifest key is not valid UTF-8"));

@@ -1,0 +1,299 @@
+//! The `semq` subcommands beyond the upstream ones, end to end on files in
+//! a temporary folder: encode (every conformance encode case), validate,
+//! hash, convert, concat, completions, and their error paths.
+
+use assert_cmd::Command;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/semq")
+}
+
+fn semq() -> Command {
+    Command::cargo_bin("semq").unwrap()
+}
+
+fn cases(kind: &str) -> Vec<Value> {
+    let all: Vec<Value> =
+        serde_json::from_str(&fs::read_to_string(fixtures().join("cases.json")).unwrap()).unwrap();
+    all.into_iter().filter(|c| c["kind"] == kind).collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn encode_reproduces_every_conformance_case() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let all = cases("encode");
+    for case in &all {
+        let id = case["id"].as_str().unwrap();
+        let config = &case["config"];
+        let op = config["operator"].as_str().unwrap();
+        let param = match op {
+            "quant" => "--bins",
+            "phase" => "--sectors",
+            _ => "--scale",
+        };
+        let param_value = config[&param[2..]].to_string();
+        let manifest = tmp.path().join(format!("{id}.manifest.json"));
+        fs::write(&manifest, case["manifest"].to_string()).unwrap();
+        let out = tmp.path().join(format!("{id}.semq"));
+        let output = semq()
+            .current_dir(&dir)
+            .args(["encode", "--op", op, "--dim", &config["dim"].to_string()])
+            .args([param, &param_value])
+            .args(["--vectors", case["vectors"].as_str().unwrap()])
+            .args(["--ids", case["ids"].as_str().unwrap()])
+            .args(["--id-kind", case["id_kind"].as_str().unwrap()])
+            .arg("--manifest-json")
+            .arg(&manifest)
+            .arg(&out)
+            .output()
+            .unwrap();
+        let expect = &case["expect"];
+        match expect["file"].as_str() {
+            Some(file) => {
+                let want = fs::read(dir.join(file)).unwrap();
+                if !output.status.success() || fs::read(&out).ok().as_ref() != Some(&want) {
+                    failures.push(format!("{id}: {}", text(&output.stderr)));
+                }
+            }
+            None => {
+                let stderr = text(&output.stderr);
+                let class = expect["error"].as_str().unwrap();
+                let ok = output.status.code() == Some(2)
+                    && stderr.contains(class)
+                    && stderr.contains(expect["message"].as_str().unwrap())
+                    && !out.exists();
+                if !ok {
+                    failures.push(format!("{id}: expected {class}, got {stderr:?}"));
+                }
+            }
+        }
+    }
+    assert!(all.len() >= 100);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn encode_reads_text_and_npy_ids() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vectors: Vec<u8> = [0.5f32, -0.5, 0.5, 0.5, 0.0, 1.0, 0.0, 0.0]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    fs::write(tmp.path().join("v.f32"), &vectors).unwrap();
+    fs::write(tmp.path().join("ids.txt"), "b\na\n").unwrap();
+    let mut npy = qemfs::npy::encode_header(qemfs::npy::DType::U64, &[2]);
+    npy.extend_from_slice(&7u64.to_le_bytes());
+    npy.extend_from_slice(&3u64.to_le_bytes());
+    fs::write(tmp.path().join("ids.npy"), &npy).unwrap();
+    for (ids, kind) in [("ids.txt", "utf8"), ("ids.npy", "u64")] {
+        let out = format!("{kind}.semq");
+        semq()
+            .current_dir(tmp.path())
+            .args(["encode", "--op", "quant", "--dim", "4", "--bins", "4"])
+            .args([
+                "--vectors",
+                "v.f32",
+                "--ids",
+                ids,
+                "--manifest",
+                "model=x",
+                &out,
+            ])
+            .assert()
+            .success();
+        let shown = semq()
+            .current_dir(tmp.path())
+            .args(["show", "--json", &out])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&shown.stdout).unwrap();
+        assert_eq!(v["id_kind"], kind);
+        assert_eq!(v["n"], 2);
+        assert_eq!(v["manifest"]["model"], "x");
+    }
+}
+
+#[test]
+fn outputs_are_never_replaced_without_force() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("whole.semq");
+    fs::write(&out, b"keep me").unwrap();
+    let parts = [
+        "concat/part-0.semq",
+        "concat/part-1.semq",
+        "concat/part-2.semq",
+    ];
+    let assert = semq()
+        .current_dir(&dir)
+        .arg("concat")
+        .arg(&out)
+        .args(parts)
+        .assert()
+        .code(2);
+    assert!(text(&assert.get_output().stderr).contains("already exists"));
+    assert_eq!(fs::read(&out).unwrap(), b"keep me");
+    semq()
+        .current_dir(&dir)
+        .arg("concat")
+        .arg("--force")
+        .arg(&out)
+        .args(parts)
+        .assert()
+        .success();
+    assert_eq!(
+        fs::read(&out).unwrap(),
+        fs::read(dir.join("concat/whole.semq")).unwrap()
+    );
+    let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().collect();
+    assert_eq!(names.len(), 1, "no temporary files left behind");
+}
+
+#[test]
+fn validate_reports_each_file_and_fails_on_any_invalid() {
+    let dir = fixtures();
+    let good = "files/quant-d4-p2-n3000.semq";
+    let output = semq()
+        .current_dir(&dir)
+        .args(["validate", good, "corrupt/bad-magic.semq", "nope.semq"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let lines: Vec<String> = text(&output.stdout).lines().map(String::from).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0], format!("{good}: OK"));
+    assert!(lines[1].starts_with("corrupt/bad-magic.semq: FormatError: magic bytes are not SEMQ"));
+    assert!(lines[2].contains("No such file"));
+    semq()
+        .current_dir(&dir)
+        .args(["validate", good])
+        .assert()
+        .success();
+}
+
+#[test]
+fn hash_prints_and_checks_state_ids() {
+    let dir = fixtures();
+    let file = "files/quant-d4-p2-n3000.semq";
+    let shown: Value = serde_json::from_slice(
+        &semq()
+            .current_dir(&dir)
+            .args(["show", "--json", file])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    let state = shown["state_id"].as_str().unwrap();
+    let content = shown["content_digest"].as_str().unwrap();
+    semq()
+        .current_dir(&dir)
+        .args(["hash", file])
+        .assert()
+        .success()
+        .stdout(format!("{state}  {file}\n"));
+    semq()
+        .current_dir(&dir)
+        .args(["hash", "--content", file])
+        .assert()
+        .success()
+        .stdout(format!("{content}  {file}\n"));
+
+    let tmp = tempfile::tempdir().unwrap();
+    let sums = tmp.path().join("SUMS");
+    fs::write(&sums, format!("{state}  {file}\n")).unwrap();
+    semq()
+        .current_dir(&dir)
+        .arg("hash")
+        .arg("--check")
+        .arg(&sums)
+        .assert()
+        .success()
+        .stdout(format!("{file}: OK\n"));
+    fs::write(&sums, format!("{content}  {file}\n")).unwrap();
+    semq()
+        .current_dir(&dir)
+        .arg("hash")
+        .arg("--check")
+        .arg(&sums)
+        .assert()
+        .code(1)
+        .stdout(format!("{file}: FAILED\n"));
+    fs::write(&sums, "not a sums line\n").unwrap();
+    semq()
+        .current_dir(&dir)
+        .arg("hash")
+        .arg("--check")
+        .arg(&sums)
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn convert_exports_symbols_vectors_rows_and_jsonl() {
+    let dir = fixtures();
+    let case = cases("encode")
+        .into_iter()
+        .find(|c| c["expect"]["representatives"].is_string() && c["id_kind"] == "u64")
+        .unwrap();
+    let file = dir.join(case["expect"]["file"].as_str().unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |name: &str, what: &str| {
+        let out = tmp.path().join(name);
+        semq()
+            .arg("convert")
+            .arg(&file)
+            .arg(&out)
+            .args(["--what", what])
+            .assert()
+            .success();
+        fs::read(out).unwrap()
+    };
+    let symbols = run("s.npy", "symbols");
+    let header = qemfs::npy::parse_header(&symbols).unwrap();
+    let want = fs::read(dir.join(case["expect"]["symbols"].as_str().unwrap())).unwrap();
+    assert_eq!(&symbols[header.data_offset..], &want[..]);
+    assert_eq!(header.dtype, qemfs::npy::DType::U8);
+
+    let vectors = run("v.npy", "vectors");
+    let header = qemfs::npy::parse_header(&vectors).unwrap();
+    let want = fs::read(dir.join(case["expect"]["representatives"].as_str().unwrap())).unwrap();
+    assert_eq!(&vectors[header.data_offset..], &want[..]);
+
+    let jsonl = text(&run("r.jsonl", "symbols"));
+    let n = case["n"].as_u64().unwrap() as usize;
+    assert_eq!(jsonl.lines().count(), n);
+    let first: Value = serde_json::from_str(jsonl.lines().next().unwrap()).unwrap();
+    assert!(first["id"].is_string() && first["symbols"].is_array());
+
+    let rows = run("r.bin", "symbols");
+    let image = fs::read(&file).unwrap();
+    assert!(!rows.is_empty() || n == 0);
+    assert!(image.windows(rows.len().max(1)).any(|w| w == &rows[..]));
+
+    semq()
+        .arg("convert")
+        .arg(&file)
+        .arg(tmp.path().join("x.csv"))
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn completions_and_usage_errors() {
+    let out = semq().args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success());
+    assert!(text(&out.stdout).contains("semq"));
+    semq().args(["validate"]).assert().code(2);
+    semq().args(["encode", "--op", "quant"]).assert().code(2);
+    semq().args(["--help"]).assert().success();
+}
