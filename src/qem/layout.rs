@@ -104,6 +104,8 @@ fn member(o: &Map<String, Value>, key: &str, chunk: usize) -> Result<usize, QemE
 struct Cursor {
     at: usize,
     body: usize,
+    /// How a misplaced array is described for this codec.
+    fault: &'static str,
 }
 
 impl Cursor {
@@ -123,7 +125,10 @@ impl Cursor {
         if offset != expected {
             return Err(QemError::layout(
                 Some(chunk),
-                format!("invalid array span: {name} at offset {offset}, expected {expected}"),
+                format!(
+                    "{}: {name} at offset {offset}, expected {expected}",
+                    self.fault
+                ),
             ));
         }
         let end = bytes
@@ -132,7 +137,7 @@ impl Cursor {
             .ok_or_else(|| {
                 QemError::layout(
                     Some(chunk),
-                    format!("invalid array span: {name} extends past the body"),
+                    format!("{}: {name} extends past the body", self.fault),
                 )
             })?;
         self.at = end;
@@ -164,7 +169,15 @@ impl Layout {
             ));
         }
         let elem = header.decoded_dtype().size();
-        let mut cursor = Cursor { at: 0, body };
+        let mut cursor = Cursor {
+            at: 0,
+            body,
+            fault: if header.codec == Codec::Float {
+                "invalid float array bounds"
+            } else {
+                "invalid array span"
+            },
+        };
         let mut next_frame = 0usize;
         let mut chunks = Vec::with_capacity(list.len());
         let mut blocks = Vec::new();
