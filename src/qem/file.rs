@@ -1,0 +1,889 @@
+//! [`QemFile`]: an opened acquisition and every way of reading it.
+//!
+//! Opening checks the envelope, the header, the metadata and the chunk table
+//! (everything that needs no body byte). Body bytes are exposed only after
+//! their 64 MiB checksum block has been verified; each block is hashed once
+//! per opened file and its verdict remembered.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::OnceLock;
+
+use memmap2::Mmap;
+use rayon::prelude::*;
+use sha2::{Digest, Sha256};
+
+use super::checksum::{hex, BodyIntegrity};
+use super::envelope::Envelope;
+use super::error::{QemError, Result, StreamFault, StreamSite};
+use super::header::{Codec, Dtype, Header, ValidMask, INTERVAL};
+use super::json::parse_strict;
+use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
+use super::metadata::ScientificMetadata;
+use super::scaled::IntensityCalibration;
+use super::spatial::{self, Tile};
+use super::stream::StreamTable;
+
+enum Source {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl Source {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Mapped(m) => m,
+            Source::Owned(v) => v,
+        }
+    }
+}
+
+/// A structural fault of a chunk's tables, remembered once found.
+#[derive(Debug, Clone)]
+enum ChunkFault {
+    Offsets(String),
+    Stream(usize, StreamFault),
+    Spatial(String),
+}
+
+/// Decoded streams of selected pixels over all frames.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelStreams {
+    /// The requested pixels, in request order.
+    pub pixels: Vec<usize>,
+    /// `N`, values per pixel.
+    pub frames: usize,
+    /// Pixel-major values: entry `k * frames + f` is pixel `pixels[k]` at
+    /// frame `f`.
+    pub values: PixelValues,
+}
+
+/// Values of [`PixelStreams`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum PixelValues {
+    /// Integer counts, or the scaled codec's codes (calibrate per frame with
+    /// [`QemFile::calibration`]).
+    U16(Vec<u16>),
+    /// float32 bit patterns.
+    F32Bits(Vec<u32>),
+}
+
+/// An opened `.qem` file.
+pub struct QemFile {
+    source: Source,
+    envelope: Envelope,
+    header: Header,
+    layout: Layout,
+    integrity: BodyIntegrity,
+    chunk_tables: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
+    chunk_spatial: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
+    pixel_fields: OnceLock<Vec<(u32, u32)>>,
+}
+
+impl std::fmt::Debug for QemFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QemFile")
+            .field("codec", &self.header.codec)
+            .field("shape", &self.header.shape)
+            .field("dtype", &self.header.stored_dtype)
+            .field("chunks", &self.layout.chunks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Streams per block and the stream index of its first stream.
+fn block_streams(codec: Codec, pixels: usize, block_in_chunk: usize) -> (usize, usize) {
+    match codec {
+        Codec::Float => (0, 2 * pixels),
+        _ => (block_in_chunk * pixels, pixels),
+    }
+}
+
+impl QemFile {
+    /// Opens and memory-maps `path`, checking everything but the body.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        let file = File::open(path)?;
+        // SAFETY: the map is read-only. A file truncated or rewritten by
+        // another process while mapped is outside this reader's control;
+        // the format's writers never modify a published file in place.
+        let map = unsafe { Mmap::map(&file)? };
+        Self::from_source(Source::Mapped(map))
+    }
+
+    /// Reads a file held in memory (tests, fuzzing, network sources).
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
+        Self::from_source(Source::Owned(bytes))
+    }
+
+    fn from_source(source: Source) -> Result<Self> {
+        let file = source.bytes();
+        let envelope = Envelope::parse(file)?;
+        let value = parse_strict(&file[super::envelope::ENVELOPE_BYTES..envelope.body_start])?;
+        let header = Header::from_value(value, file.len() as u64, envelope.header_len as u64)?;
+        let integrity = BodyIntegrity::new(&header.sha256, file.len() - envelope.body_start)?;
+        let layout = Layout::parse(&header)?;
+        let n = layout.chunks.len();
+        Ok(QemFile {
+            envelope,
+            header,
+            integrity,
+            chunk_tables: (0..n).map(|_| OnceLock::new()).collect(),
+            chunk_spatial: (0..n).map(|_| OnceLock::new()).collect(),
+            layout,
+            pixel_fields: OnceLock::new(),
+            source,
+        })
+    }
+
+    // ----- description ------------------------------------------------
+
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+    pub fn codec(&self) -> Codec {
+        self.header.codec
+    }
+    /// `(scan_row, scan_column, detector_row, detector_column)`.
+    pub fn shape(&self) -> [usize; 4] {
+        self.header.shape.map(|s| s as usize)
+    }
+    /// Scan positions `N`.
+    pub fn frames(&self) -> usize {
+        self.header.frames()
+    }
+    /// Detector pixels `P`.
+    pub fn pixels(&self) -> usize {
+        self.header.pixels()
+    }
+    pub fn stored_dtype(&self) -> Dtype {
+        self.header.stored_dtype
+    }
+    pub fn decoded_dtype(&self) -> Dtype {
+        self.header.decoded_dtype()
+    }
+    /// Bytes of one decoded frame.
+    pub fn frame_bytes(&self) -> usize {
+        self.pixels() * self.decoded_dtype().size()
+    }
+    /// Bytes of the whole decoded array, if addressable.
+    pub fn dense_bytes(&self) -> Option<usize> {
+        self.frames().checked_mul(self.frame_bytes())
+    }
+    pub fn metadata(&self) -> &ScientificMetadata {
+        &self.header.scientific
+    }
+    /// Detector validity mask (integer codec; other codecs have none).
+    pub fn valid_mask(&self) -> Option<&ValidMask> {
+        self.header.valid.as_ref()
+    }
+    /// Regional calibration (scaled codec).
+    pub fn calibration(&self) -> Option<&IntensityCalibration> {
+        self.header.intensity_calibration.as_ref()
+    }
+    pub fn chunks(&self) -> &[Chunk] {
+        &self.layout.chunks
+    }
+    /// Decoded blocks, by global index.
+    pub fn blocks(&self) -> &[BlockInfo] {
+        &self.layout.blocks
+    }
+    /// Spatial fields per frame (integer codec).
+    pub fn spatial_fields(&self) -> usize {
+        self.layout.fields
+    }
+    pub fn block_of_frame(&self, frame: usize) -> Result<&BlockInfo> {
+        self.check_frame(frame)?;
+        self.layout
+            .block_of_frame(frame)
+            .ok_or(QemError::OutOfRange {
+                what: "frame",
+                index: frame,
+                limit: self.frames(),
+            })
+    }
+    pub fn file_bytes(&self) -> usize {
+        self.source.bytes().len()
+    }
+    pub fn header_bytes(&self) -> usize {
+        self.envelope.header_len
+    }
+    pub fn body_bytes(&self) -> usize {
+        self.file_bytes() - self.envelope.body_start
+    }
+    /// Number of 64 MiB checksum blocks of the body.
+    pub fn checksum_blocks(&self) -> usize {
+        self.integrity.blocks()
+    }
+
+    // ----- checked body access ----------------------------------------
+
+    fn body(&self) -> &[u8] {
+        &self.source.bytes()[self.envelope.body_start..]
+    }
+
+    /// Body bytes of `range`, after verifying their checksum blocks.
+    fn checked(&self, range: Range<usize>) -> Result<&[u8]> {
+        let body = self.body();
+        self.integrity.ensure(body, range.clone())?;
+        body.get(range)
+            .ok_or_else(|| QemError::layout(None, "array outside the body"))
+    }
+
+    /// Verifies every body checksum block (in parallel).
+    pub fn verify_body(&self) -> Result<()> {
+        self.integrity.ensure_all(self.body())
+    }
+
+    /// The verified stream table of chunk `c`, with its structure checked
+    /// once: offsets (start 0, nondecreasing, end), and each stream's
+    /// selector and length. Payload bytes are verified by the callers, for
+    /// the streams they decode.
+    fn stream_table(&self, c: usize) -> Result<StreamTable<'_>> {
+        let chunk = &self.layout.chunks[c];
+        let offsets = self.checked(chunk.offsets.clone())?;
+        let selectors = self.checked(chunk.selectors.clone())?;
+        let table = StreamTable {
+            payload: &self.body()[chunk.payload.clone()],
+            offsets,
+            selectors,
+            float: self.codec() == Codec::Float,
+        };
+        let verdict = self.chunk_tables[c].get_or_init(|| {
+            table.check_offsets().map_err(ChunkFault::Offsets)?;
+            // Lengths depend on m, which differs for the tail block.
+            let pixels = self.pixels();
+            for b in 0..chunk.blocks {
+                let info = &self.layout.blocks[chunk.first_block + b];
+                let (first, count) = block_streams(self.codec(), pixels, b);
+                for s in first..first + count {
+                    let (sel, bytes) = table.stream(s);
+                    super::stream::check_length(sel, bytes.len(), info.frames, table.float)
+                        .map_err(|f| ChunkFault::Stream(s, f))?;
+                }
+            }
+            Ok(())
+        });
+        match verdict {
+            Ok(()) => Ok(table),
+            Err(ChunkFault::Offsets(reason)) => Err(QemError::StreamOffsets {
+                chunk: c,
+                reason: reason.clone(),
+            }),
+            Err(ChunkFault::Stream(s, fault)) => Err(QemError::Stream {
+                site: StreamSite {
+                    chunk: c,
+                    stream: *s,
+                },
+                fault: *fault,
+            }),
+            Err(ChunkFault::Spatial(reason)) => Err(QemError::layout(Some(c), reason.clone())),
+        }
+    }
+
+    /// Payload byte range (body-relative) of streams `first..first+count`.
+    fn payload_span(
+        &self,
+        chunk: &Chunk,
+        table: &StreamTable<'_>,
+        first: usize,
+        count: usize,
+    ) -> Range<usize> {
+        let offset = |s: usize| {
+            let b = &table.offsets[4 * s..4 * s + 4];
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+        };
+        chunk.payload.start + offset(first)..chunk.payload.start + offset(first + count)
+    }
+
+    // ----- decoding -----------------------------------------------------
+
+    fn block_info(&self, block: usize) -> Result<&BlockInfo> {
+        self.layout.blocks.get(block).ok_or(QemError::OutOfRange {
+            what: "block",
+            index: block,
+            limit: self.layout.blocks.len(),
+        })
+    }
+
+    /// Decodes every stream of `block` into stream-major values (`m` per
+    /// stream; for float, lane `2p` then `2p + 1`), in parallel, with the
+    /// dtype range checked.
+    fn block_columns(&self, info: &BlockInfo) -> Result<Vec<u16>> {
+        let c = info.chunk;
+        let chunk = &self.layout.chunks[c];
+        let table = self.stream_table(c)?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let m = info.frames;
+        let mut cols = vec![0u16; count * m];
+        let group = (32768 / m).max(4);
+        let results: Vec<std::result::Result<(), (usize, StreamFault)>> = cols
+            .par_chunks_mut(group * m)
+            .enumerate()
+            .map(|(g, out)| table.decode_range(first + g * group, m, out))
+            .collect();
+        for r in results {
+            r.map_err(|(s, fault)| QemError::Stream {
+                site: StreamSite {
+                    chunk: c,
+                    stream: s,
+                },
+                fault,
+            })?;
+        }
+        if self.stored_dtype() == Dtype::U8 {
+            let bad = cols
+                .par_chunks(m)
+                .enumerate()
+                .find_first(|(_, col)| col.iter().any(|&v| v > 255));
+            if let Some((j, col)) = bad {
+                let value = col.iter().copied().max().unwrap_or(0);
+                return Err(QemError::ValueRange {
+                    site: StreamSite {
+                        chunk: c,
+                        stream: first + j,
+                    },
+                    value,
+                    dtype: "uint8",
+                });
+            }
+        }
+        Ok(cols)
+    }
+
+    /// Writes frames `t0..t1` (block-relative) of decoded columns as dense
+    /// bytes of the decoded dtype.
+    fn columns_to_dense(
+        &self,
+        info: &BlockInfo,
+        cols: &[u16],
+        t0: usize,
+        t1: usize,
+        out: &mut [u8],
+    ) {
+        let m = info.frames;
+        let p_count = self.pixels();
+        match (self.codec(), self.stored_dtype()) {
+            (Codec::Integer, Dtype::U8) => {
+                transpose::<1>(out, t0, t1, p_count, |p, t| [cols[p * m + t] as u8])
+            }
+            (Codec::Integer, _) => {
+                transpose::<2>(out, t0, t1, p_count, |p, t| cols[p * m + t].to_le_bytes())
+            }
+            (Codec::Scaled, _) => {
+                let region = self.layout.chunks[info.chunk]
+                    .region
+                    .and_then(|r| self.calibration().and_then(|cal| cal.regions.get(r)));
+                let (scale, offset) = region.map_or((1.0, 0.0), |r| (r.scale, r.offset));
+                transpose::<4>(out, t0, t1, p_count, |p, t| {
+                    ((f64::from(cols[p * m + t]) * scale + offset) as f32).to_le_bytes()
+                })
+            }
+            (Codec::Float, _) => transpose::<4>(out, t0, t1, p_count, |p, t| {
+                (u32::from(cols[2 * p * m + t]) | (u32::from(cols[(2 * p + 1) * m + t]) << 16))
+                    .to_le_bytes()
+            }),
+        }
+    }
+
+    /// Decodes one block into dense bytes of the decoded dtype (frame-major,
+    /// `decoded_bytes` long).
+    pub fn decode_block(&self, block: usize) -> Result<Vec<u8>> {
+        let info = *self.block_info(block)?;
+        let mut out = vec![0u8; info.decoded_bytes];
+        self.decode_block_into(block, &mut out)?;
+        Ok(out)
+    }
+
+    /// As [`decode_block`](Self::decode_block), into `out`
+    /// (`out.len() == blocks()[block].decoded_bytes`).
+    pub fn decode_block_into(&self, block: usize, out: &mut [u8]) -> Result<()> {
+        let info = *self.block_info(block)?;
+        check_len("block buffer", out.len(), info.decoded_bytes)?;
+        let cols = self.block_columns(&info)?;
+        self.columns_to_dense(&info, &cols, 0, info.frames, out);
+        Ok(())
+    }
+
+    /// Stored u16 values of one block, frame-major: the counts of the
+    /// integer codec or the codes of the scaled codec (not for float).
+    pub fn decode_block_codes(&self, block: usize, out: &mut [u16]) -> Result<()> {
+        let info = *self.block_info(block)?;
+        if self.codec() == Codec::Float {
+            return Err(QemError::header(
+                "codec",
+                "float32 files have no integer codes",
+            ));
+        }
+        check_len("code buffer", out.len(), info.frames * self.pixels())?;
+        let cols = self.block_columns(&info)?;
+        let (m, p_count) = (info.frames, self.pixels());
+        let mut bytes = vec![0u8; out.len() * 2];
+        transpose::<2>(&mut bytes, 0, m, p_count, |p, t| {
+            cols[p * m + t].to_ne_bytes()
+        });
+        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+            *o = u16::from_ne_bytes([b[0], b[1]]);
+        }
+        Ok(())
+    }
+
+    fn check_frame(&self, frame: usize) -> Result<()> {
+        if frame >= self.frames() {
+            return Err(QemError::OutOfRange {
+                what: "frame",
+                index: frame,
+                limit: self.frames(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Decodes frame `frame` into `out` (`frame_bytes()` long).
+    pub fn read_frame(&self, frame: usize, out: &mut [u8]) -> Result<()> {
+        self.read_frames(frame..frame + 1, out)
+    }
+
+    /// Decodes frames `frames` into `out` (`len * frame_bytes()` long).
+    pub fn read_frames(&self, frames: Range<usize>, out: &mut [u8]) -> Result<()> {
+        if frames.start > frames.end || frames.end > self.frames() {
+            return Err(QemError::OutOfRange {
+                what: "frame range end",
+                index: frames.end,
+                limit: self.frames(),
+            });
+        }
+        let fb = self.frame_bytes();
+        check_len("frame buffer", out.len(), (frames.end - frames.start) * fb)?;
+        let mut f = frames.start;
+        while f < frames.end {
+            let info = *self.block_of_frame(f)?;
+            let t0 = f - info.first_frame;
+            let t1 = (frames.end - info.first_frame).min(info.frames);
+            let cols = self.block_columns(&info)?;
+            let at = (f - frames.start) * fb;
+            self.columns_to_dense(&info, &cols, t0, t1, &mut out[at..at + (t1 - t0) * fb]);
+            f = info.first_frame + t1;
+        }
+        Ok(())
+    }
+
+    /// Decodes the whole array into `out` (`dense_bytes()` long), blocks and
+    /// streams in parallel. Float files are also checked against
+    /// `logical_sha256`, as the reference decoder does.
+    pub fn read_all(&self, out: &mut [u8]) -> Result<()> {
+        let total = self
+            .dense_bytes()
+            .ok_or_else(|| QemError::layout(None, "array too large to address"))?;
+        check_len("array buffer", out.len(), total)?;
+        let mut parts = Vec::with_capacity(self.layout.blocks.len());
+        let mut rest = &mut *out;
+        for info in &self.layout.blocks {
+            let (head, tail) = rest.split_at_mut(info.decoded_bytes);
+            parts.push((info, head));
+            rest = tail;
+        }
+        let results: Vec<Result<()>> = parts
+            .into_par_iter()
+            .map(|(info, part)| {
+                let cols = self.block_columns(info)?;
+                self.columns_to_dense(info, &cols, 0, info.frames, part);
+                Ok(())
+            })
+            .collect();
+        results.into_iter().collect::<Result<()>>()?;
+        if let Some(expected) = &self.header.logical_sha256 {
+            let actual = hex(&Sha256::digest(&*out));
+            if &actual != expected {
+                return Err(QemError::LogicalChecksum {
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The stored u16 values of the whole array, frame-major (counts or
+    /// scaled codes; not for float).
+    pub fn read_all_codes(&self, out: &mut [u16]) -> Result<()> {
+        let total = self
+            .frames()
+            .checked_mul(self.pixels())
+            .ok_or_else(|| QemError::layout(None, "array too large to address"))?;
+        check_len("code buffer", out.len(), total)?;
+        let p = self.pixels();
+        let mut parts = Vec::with_capacity(self.layout.blocks.len());
+        let mut rest = out;
+        for info in &self.layout.blocks {
+            let (head, tail) = rest.split_at_mut(info.frames * p);
+            parts.push((info.index, head));
+            rest = tail;
+        }
+        let results: Vec<Result<()>> = parts
+            .into_par_iter()
+            .map(|(b, part)| self.decode_block_codes(b, part))
+            .collect();
+        results.into_iter().collect()
+    }
+
+    /// Decodes the streams of `pixels` over all frames, without decoding
+    /// other pixels. Pixels may repeat; each must be `< pixels()`.
+    pub fn decode_pixels(&self, pixels: &[usize]) -> Result<PixelStreams> {
+        let p_count = self.pixels();
+        if let Some(&p) = pixels.iter().find(|&&p| p >= p_count) {
+            return Err(QemError::OutOfRange {
+                what: "pixel",
+                index: p,
+                limit: p_count,
+            });
+        }
+        let n = self.frames();
+        let float = self.codec() == Codec::Float;
+        let len = pixels
+            .len()
+            .checked_mul(n)
+            .ok_or_else(|| QemError::layout(None, "request too large"))?;
+        let decode_one = |s: usize, info: &BlockInfo, out: &mut [u16]| -> Result<()> {
+            let c = info.chunk;
+            let chunk = &self.layout.chunks[c];
+            let table = self.stream_table(c)?;
+            self.checked(self.payload_span(chunk, &table, s, 1))?;
+            table
+                .decode_range(s, info.frames, out)
+                .map_err(|(s, fault)| QemError::Stream {
+                    site: StreamSite {
+                        chunk: c,
+                        stream: s,
+                    },
+                    fault,
+                })?;
+            if self.stored_dtype() == Dtype::U8 {
+                if let Some(&v) = out.iter().find(|&&v| v > 255) {
+                    return Err(QemError::ValueRange {
+                        site: StreamSite {
+                            chunk: c,
+                            stream: s,
+                        },
+                        value: v,
+                        dtype: "uint8",
+                    });
+                }
+            }
+            Ok(())
+        };
+        let values = if float {
+            let mut bits = vec![0u32; len];
+            let results: Vec<Result<()>> = bits
+                .par_chunks_mut(n.max(1))
+                .zip(pixels.par_iter())
+                .map(|(dst, &p)| {
+                    let mut lanes = vec![0u16; 2 * INTERVAL];
+                    for info in &self.layout.blocks {
+                        let m = info.frames;
+                        let (lo, hi) = lanes[..2 * m].split_at_mut(m);
+                        decode_one(2 * p, info, lo)?;
+                        decode_one(2 * p + 1, info, hi)?;
+                        for (t, d) in dst[info.frame_range()].iter_mut().enumerate() {
+                            *d = u32::from(lo[t]) | (u32::from(hi[t]) << 16);
+                        }
+                    }
+                    Ok(())
+                })
+                .collect();
+            results.into_iter().collect::<Result<()>>()?;
+            PixelValues::F32Bits(bits)
+        } else {
+            let mut vals = vec![0u16; len];
+            let results: Vec<Result<()>> = vals
+                .par_chunks_mut(n.max(1))
+                .zip(pixels.par_iter())
+                .map(|(dst, &p)| {
+                    for info in &self.layout.blocks {
+                        let s = info.block_in_chunk * p_count + p;
+                        decode_one(s, info, &mut dst[info.frame_range()])?;
+                    }
+                    Ok(())
+                })
+                .collect();
+            results.into_iter().collect::<Result<()>>()?;
+            PixelValues::U16(vals)
+        };
+        Ok(PixelStreams {
+            pixels: pixels.to_vec(),
+            frames: n,
+            values,
+        })
+    }
+
+    // ----- spatial index ------------------------------------------------
+
+    /// Verified spatial arrays of chunk `c`, with their structure checked
+    /// once (word offsets, widths, word counts).
+    fn spatial_arrays(&self, c: usize) -> Result<(&[u8], &[u8], &[u8])> {
+        let chunk = &self.layout.chunks[c];
+        let Some(SpatialArrays {
+            words,
+            word_offsets,
+            widths,
+        }) = &chunk.spatial
+        else {
+            return Err(QemError::header(
+                "codec",
+                "only the integer codec has a spatial index",
+            ));
+        };
+        let words = self.checked(words.clone())?;
+        let offs = self.checked(word_offsets.clone())?;
+        let widths = self.checked(widths.clone())?;
+        let fields = self.layout.fields;
+        let verdict = self.chunk_spatial[c].get_or_init(|| {
+            let off = |i: usize| {
+                u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or([0xff; 8]))
+            };
+            if off(0) != 0 {
+                return Err(ChunkFault::Spatial(
+                    "spatial word offsets do not start at 0".into(),
+                ));
+            }
+            for b in 0..chunk.blocks {
+                let m = self.layout.blocks[chunk.first_block + b].frames as u64;
+                for t in 0..fields {
+                    let i = b * fields + t;
+                    let w = u64::from(widths[i]);
+                    if w > 32 {
+                        return Err(ChunkFault::Spatial(format!(
+                            "spatial stream {i} has width {w} > 32"
+                        )));
+                    }
+                    let want = (m * w).div_ceil(32);
+                    if off(i + 1).checked_sub(off(i)) != Some(want) {
+                        return Err(ChunkFault::Spatial(format!(
+                            "spatial stream {i} word offsets disagree with width {w}"
+                        )));
+                    }
+                }
+            }
+            if off(chunk.blocks * fields) != (words.len() / 4) as u64 {
+                return Err(ChunkFault::Spatial(
+                    "spatial word offsets do not end at the packed-sum count".into(),
+                ));
+            }
+            Ok(())
+        });
+        match verdict {
+            Ok(()) => Ok((words, offs, widths)),
+            Err(ChunkFault::Spatial(r) | ChunkFault::Offsets(r)) => {
+                Err(QemError::layout(Some(c), r.clone()))
+            }
+            Err(ChunkFault::Stream(s, f)) => Err(QemError::Stream {
+                site: StreamSite {
+                    chunk: c,
+                    stream: *s,
+                },
+                fault: *f,
+            }),
+        }
+    }
+
+    /// All fields of one block from the index: `out[t * m + k]`.
+    fn block_spatial(&self, info: &BlockInfo) -> Result<Vec<u32>> {
+        let (words, offs, widths) = self.spatial_arrays(info.chunk)?;
+        let fields = self.layout.fields;
+        let m = info.frames;
+        let mut out = vec![0u32; fields * m];
+        for t in 0..fields {
+            let i = info.block_in_chunk * fields + t;
+            let a =
+                u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or_default()) as usize;
+            let b = u64::from_le_bytes(offs[8 * i + 8..8 * i + 16].try_into().unwrap_or_default())
+                as usize;
+            spatial::unpack(
+                &words[4 * a..4 * b],
+                u32::from(widths[i]),
+                m,
+                &mut out[t * m..(t + 1) * m],
+            );
+        }
+        Ok(out)
+    }
+
+    /// Tile sums from the spatial index (integer codec), without decoding
+    /// counts: frame-major, `grid.0 * grid.1` values per frame in tile-row
+    /// order, for frames `frames`.
+    pub fn spatial_sums(&self, tile: Tile, frames: Range<usize>) -> Result<Vec<u32>> {
+        if frames.start > frames.end || frames.end > self.frames() {
+            return Err(QemError::OutOfRange {
+                what: "frame range end",
+                index: frames.end,
+                limit: self.frames(),
+            });
+        }
+        let [_, _, r, c] = self.shape();
+        let (gr, gc) = tile.grid(r, c);
+        let tiles = gr * gc;
+        let base = tile.first_field(r, c);
+        let mut out = vec![0u32; (frames.end - frames.start) * tiles];
+        let mut f = frames.start;
+        while f < frames.end {
+            let info = *self.block_of_frame(f)?;
+            let sums = self.block_spatial(&info)?;
+            let m = info.frames;
+            let t1 = (frames.end - info.first_frame).min(m);
+            for k in f - info.first_frame..t1 {
+                let row = info.first_frame + k - frames.start;
+                for j in 0..tiles {
+                    out[row * tiles + j] = sums[(base + j) * m + k];
+                }
+            }
+            f = info.first_frame + t1;
+        }
+        Ok(out)
+    }
+
+    /// Checks one decoded integer block against the spatial index.
+    fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
+        let stored = self.block_spatial(info)?;
+        let [_, _, r, c] = self.shape();
+        let pf = self
+            .pixel_fields
+            .get_or_init(|| spatial::pixel_fields(r, c));
+        let valid = self
+            .valid_mask()
+            .cloned()
+            .unwrap_or_else(|| ValidMask::all_valid(self.pixels()));
+        let m = info.frames;
+        let computed = spatial::sums_from_columns(cols, m, self.layout.fields, pf, &valid);
+        if let Some(i) = (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
+            return Err(QemError::SpatialIndex {
+                chunk: info.chunk,
+                block: info.block_in_chunk,
+                field: i / m,
+                frame: info.first_frame + i % m,
+                stored: u64::from(stored[i]),
+                computed: computed[i],
+            });
+        }
+        Ok(())
+    }
+
+    // ----- validation ---------------------------------------------------
+
+    /// Quick structural checks of every chunk: stream tables and, for the
+    /// integer codec, the spatial index structure. Body checksums included.
+    pub(crate) fn check_structure(&self) -> Result<()> {
+        self.verify_body()?;
+        for c in 0..self.layout.chunks.len() {
+            self.stream_table(c)?;
+            if self.codec() == Codec::Integer {
+                self.spatial_arrays(c)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Distinct model selectors present in the file (after structure checks).
+    pub(crate) fn selectors_present(&self) -> Result<Vec<u8>> {
+        let mut seen = [false; 256];
+        for chunk in &self.layout.chunks {
+            for &s in self.checked(chunk.selectors.clone())? {
+                seen[usize::from(s)] = true;
+            }
+        }
+        Ok((0..=255u8).filter(|&s| seen[usize::from(s)]).collect())
+    }
+
+    /// Decodes every block (bounded memory), checks the dtype range, the
+    /// spatial index (integer) and `logical_sha256` (float).
+    pub(crate) fn check_decode(&self) -> Result<()> {
+        const BATCH_BYTES: usize = 256 * 1024 * 1024;
+        let mut hasher = (self.codec() == Codec::Float).then(Sha256::new);
+        let blocks = &self.layout.blocks;
+        let mut i = 0;
+        while i < blocks.len() {
+            let mut j = i;
+            let mut bytes = 0usize;
+            while j < blocks.len() && (j == i || bytes + blocks[j].decoded_bytes <= BATCH_BYTES) {
+                bytes += blocks[j].decoded_bytes;
+                j += 1;
+            }
+            let dense: Vec<Result<Option<Vec<u8>>>> = blocks[i..j]
+                .par_iter()
+                .map(|info| {
+                    let cols = self.block_columns(info)?;
+                    match self.codec() {
+                        Codec::Integer => {
+                            self.check_spatial(info, &cols)?;
+                            Ok(None)
+                        }
+                        Codec::Scaled => Ok(None),
+                        Codec::Float => {
+                            let mut out = vec![0u8; info.decoded_bytes];
+                            self.columns_to_dense(info, &cols, 0, info.frames, &mut out);
+                            Ok(Some(out))
+                        }
+                    }
+                })
+                .collect();
+            for d in dense {
+                if let (Some(h), Some(bytes)) = (hasher.as_mut(), d?) {
+                    h.update(&bytes);
+                }
+            }
+            i = j;
+        }
+        if let (Some(h), Some(expected)) = (hasher, &self.header.logical_sha256) {
+            let actual = hex(&h.finalize());
+            if &actual != expected {
+                return Err(QemError::LogicalChecksum {
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(QemError::OutOfRange {
+            what,
+            index: got,
+            limit: want,
+        });
+    }
+    Ok(())
+}
+
+/// Frame-major dense output from a per-(pixel, frame) element function,
+/// for block frames `t0..t1`, in parallel over frame groups. Each task walks
+/// pixels in order and writes a few frame rows at a time, so reads stay
+/// sequential per stream and writes sequential per row.
+fn transpose<const E: usize>(
+    out: &mut [u8],
+    t0: usize,
+    t1: usize,
+    pixels: usize,
+    get: impl Fn(usize, usize) -> [u8; E] + Sync,
+) {
+    const ROWS: usize = 16;
+    let row_bytes = pixels * E;
+    if row_bytes == 0 {
+        return;
+    }
+    debug_assert_eq!(out.len(), (t1 - t0) * row_bytes);
+    out.par_chunks_mut(ROWS * row_bytes)
+        .enumerate()
+        .for_each(|(g, rows)| {
+            let base = t0 + g * ROWS;
+            let n = rows.len() / row_bytes;
+            for p in 0..pixels {
+                for k in 0..n {
+                    let at = k * row_bytes + p * E;
+                    rows[at..at + E].copy_from_slice(&get(p, base + k));
+                }
+            }
+        });
+}

@@ -1,0 +1,338 @@
+//! The rANS decoder of §7.1, built for speed without giving up a single check.
+//!
+//! Each table gets a 1024-entry slot lookup (symbol, frequency and the slot's
+//! offset from the symbol start, packed in a u32), so a step is one load, one
+//! multiply and one add. Several independent streams are decoded in lockstep
+//! to overlap their dependency chains.
+//!
+//! Renormalisation needs at most two bytes per step: the state is at least
+//! 2^23 before a step, so `x >> 10 >= 2^13` and the new state is at least
+//! `freq * 2^13 >= 2^13`; two bytes lift anything `>= 2^13` to `>= 2^29`.
+//! One step therefore consumes at most 4 bytes (2 renormalisation + 2 escape),
+//! and while at least 4 bytes remain the step needs no end-of-stream test.
+
+use std::sync::OnceLock;
+
+use super::error::StreamFault;
+use super::tables::{ESCAPE, FREQUENCIES, SCALE_BITS, STATE_LOWER, SYMBOLS, TABLES};
+
+const SLOTS: usize = 1 << SCALE_BITS;
+const SLOT_MASK: u32 = SLOTS as u32 - 1;
+/// The state must lie in `[2^23, 2^31)` at the start.
+const STATE_UPPER: u32 = 1 << 31;
+
+/// Slot lookup of one table: bits 0..10 `slot - start`, 10..16 symbol,
+/// 16..27 frequency.
+pub type SlotTable = [u32; SLOTS];
+
+fn build_tables() -> Box<[SlotTable; TABLES]> {
+    let mut all = Box::new([[0u32; SLOTS]; TABLES]);
+    for (k, table) in all.iter_mut().enumerate() {
+        let mut start = 0usize;
+        for (s, &f) in FREQUENCIES[k].iter().enumerate() {
+            let f = usize::from(f);
+            for (j, e) in table[start..start + f].iter_mut().enumerate() {
+                *e = ((f as u32) << 16) | ((s as u32) << 10) | j as u32;
+            }
+            start += f;
+        }
+        debug_assert_eq!(start, SLOTS);
+    }
+    all
+}
+
+/// The slot lookup of table `k` (`k < 64`).
+pub fn slot_table(k: usize) -> &'static SlotTable {
+    static TABLES_CELL: OnceLock<Box<[SlotTable; TABLES]>> = OnceLock::new();
+    &TABLES_CELL.get_or_init(build_tables)[k]
+}
+
+/// One stream being decoded.
+struct Lane<'a> {
+    table: &'static SlotTable,
+    bytes: &'a [u8],
+    x: u32,
+    i: usize,
+}
+
+impl<'a> Lane<'a> {
+    fn new(table: usize, bytes: &'a [u8]) -> Result<Self, StreamFault> {
+        if bytes.len() < 4 {
+            return Err(StreamFault::Length {
+                selector: table as u8,
+                len: bytes.len(),
+            });
+        }
+        let x = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+        if !(STATE_LOWER..STATE_UPPER).contains(&x) {
+            return Err(StreamFault::InitialState(x));
+        }
+        Ok(Lane {
+            table: slot_table(table),
+            bytes,
+            x,
+            i: 4,
+        })
+    }
+
+    /// Steps that can run without testing for the end of the stream.
+    #[inline(always)]
+    fn safe_steps(&self) -> usize {
+        (self.bytes.len() - self.i) / 4
+    }
+
+    /// One step; the caller guarantees `i + 4 <= len`.
+    #[inline(always)]
+    fn step_fast(&mut self) -> u16 {
+        let e = self.table[(self.x & SLOT_MASK) as usize];
+        let x = (e >> 16) * (self.x >> SCALE_BITS) + (e & SLOT_MASK);
+        let n = u32::from(x < STATE_LOWER) + u32::from(x < (1 << 15));
+        let b = &self.bytes[self.i..self.i + 4];
+        let w = (u32::from(b[0]) << 8) | u32::from(b[1]);
+        self.x = (x << (8 * n)) | (w >> (16 - 8 * n));
+        self.i += n as usize;
+        let sym = (e >> 10) & 63;
+        if sym as usize == ESCAPE {
+            let b = &self.bytes[self.i..self.i + 2];
+            self.i += 2;
+            u16::from_le_bytes([b[0], b[1]])
+        } else {
+            sym as u16
+        }
+    }
+
+    /// One step with every end-of-stream test of the reference decoder.
+    fn step_careful(&mut self) -> Result<u16, StreamFault> {
+        let e = self.table[(self.x & SLOT_MASK) as usize];
+        let mut x = (e >> 16) * (self.x >> SCALE_BITS) + (e & SLOT_MASK);
+        while x < STATE_LOWER {
+            let b = *self.bytes.get(self.i).ok_or(StreamFault::Truncated)?;
+            x = (x << 8) | u32::from(b);
+            self.i += 1;
+        }
+        self.x = x;
+        let sym = (e >> 10) & 63;
+        if sym as usize == ESCAPE {
+            let b = self
+                .bytes
+                .get(self.i..self.i + 2)
+                .ok_or(StreamFault::TruncatedEscape)?;
+            self.i += 2;
+            Ok(u16::from_le_bytes([b[0], b[1]]))
+        } else {
+            Ok(sym as u16)
+        }
+    }
+
+    fn run(&mut self, out: &mut [u16]) -> Result<(), StreamFault> {
+        let mut done = 0;
+        while done < out.len() {
+            let steps = self.safe_steps().min(out.len() - done);
+            if steps == 0 {
+                out[done] = self.step_careful()?;
+                done += 1;
+                continue;
+            }
+            for o in &mut out[done..done + steps] {
+                *o = self.step_fast();
+            }
+            done += steps;
+        }
+        Ok(())
+    }
+
+    fn finish(&self) -> Result<(), StreamFault> {
+        if self.x != STATE_LOWER || self.i != self.bytes.len() {
+            return Err(StreamFault::FinalState {
+                state: self.x,
+                unread: self.bytes.len().saturating_sub(self.i),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Decodes one rANS stream with table `table` (`< 64`) into `out`
+/// (`out.len()` = the stream's value count).
+pub fn decode(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
+    let mut lane = Lane::new(table, bytes)?;
+    lane.run(out)?;
+    lane.finish()
+}
+
+/// Decodes `N` rANS streams of equal value count in lockstep.
+///
+/// On failure, the index of the failing stream comes with the fault.
+pub fn decode_many<const N: usize>(
+    streams: [(usize, &[u8]); N],
+    outs: [&mut [u16]; N],
+) -> Result<(), (usize, StreamFault)> {
+    let m = outs[0].len();
+    debug_assert!(outs.iter().all(|o| o.len() == m));
+    let mut lanes: [Option<Lane<'_>>; N] = [const { None }; N];
+    for (j, (table, bytes)) in streams.into_iter().enumerate() {
+        lanes[j] = Some(Lane::new(table, bytes).map_err(|f| (j, f))?);
+    }
+    let mut lanes: [Lane<'_>; N] = lanes.map(|l| l.expect("every lane was set above"));
+    let mut outs = outs;
+    let mut done = 0;
+    loop {
+        let steps = lanes
+            .iter()
+            .map(Lane::safe_steps)
+            .min()
+            .unwrap_or(0)
+            .min(m - done);
+        if steps == 0 {
+            break;
+        }
+        for t in done..done + steps {
+            for (lane, out) in lanes.iter_mut().zip(outs.iter_mut()) {
+                out[t] = lane.step_fast();
+            }
+        }
+        done += steps;
+    }
+    // Tails: some lane is within 4 bytes of its end, finish each on its own.
+    for (j, (lane, out)) in lanes.iter_mut().zip(outs.iter_mut()).enumerate() {
+        lane.run(&mut out[done..]).map_err(|f| (j, f))?;
+        lane.finish().map_err(|f| (j, f))?;
+    }
+    Ok(())
+}
+
+/// Encoder of §7.1, used by tests and benchmarks to make streams.
+#[doc(hidden)]
+pub fn encode(table: usize, values: &[u16]) -> Vec<u8> {
+    let freq = &FREQUENCIES[table];
+    let mut start = [0u32; SYMBOLS];
+    let mut acc = 0u32;
+    for s in 0..SYMBOLS {
+        start[s] = acc;
+        acc += u32::from(freq[s]);
+    }
+    let mut x: u32 = STATE_LOWER;
+    let mut out = Vec::with_capacity(values.len() + 8);
+    for &v in values.iter().rev() {
+        let s = usize::from(v.min(ESCAPE as u16));
+        if s == ESCAPE {
+            out.push((v >> 8) as u8);
+            out.push(v as u8);
+        }
+        let f = u32::from(freq[s]);
+        while x >= f << 21 {
+            out.push(x as u8);
+            x >>= 8;
+        }
+        x = ((x / f) << SCALE_BITS) + (x % f) + start[s];
+    }
+    let mut stream = x.to_le_bytes().to_vec();
+    stream.extend(out.iter().rev());
+    stream
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unhex(s: &str) -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn spec_vectors() {
+        let mut out = [0u16; 8];
+        decode(40, &unhex("f2441575ff382800"), &mut out).unwrap();
+        assert_eq!(out, [0, 3, 1, 0, 40, 2, 0, 0]);
+        let mut out = [0u16; 4];
+        decode(63, &unhex("6aca051fe80300e0ffff"), &mut out).unwrap();
+        assert_eq!(out, [1000, 2, 0, 65535]);
+        assert_eq!(
+            encode(40, &[0, 3, 1, 0, 40, 2, 0, 0]),
+            unhex("f2441575ff382800")
+        );
+        assert_eq!(
+            encode(63, &[1000, 2, 0, 65535]),
+            unhex("6aca051fe80300e0ffff")
+        );
+    }
+
+    #[test]
+    fn faults() {
+        let good = unhex("6aca051fe80300e0ffff");
+        let mut out = [0u16; 4];
+        let mut trailing = good.clone();
+        trailing.push(0);
+        assert!(matches!(
+            decode(63, &trailing, &mut out),
+            Err(StreamFault::FinalState { unread: 1, .. })
+        ));
+        assert!(matches!(
+            decode(63, &good[..good.len() - 1], &mut out),
+            Err(StreamFault::TruncatedEscape | StreamFault::Truncated)
+        ));
+        assert!(matches!(
+            decode(63, &[0, 0, 0x7f, 0], &mut out),
+            Err(StreamFault::InitialState(_))
+        ));
+        assert!(matches!(
+            decode(63, &[0, 0, 0, 0x80], &mut out),
+            Err(StreamFault::InitialState(_))
+        ));
+        assert!(matches!(
+            decode(63, &[0, 0, 0x80], &mut out),
+            Err(StreamFault::Length { .. })
+        ));
+    }
+
+    #[test]
+    fn lockstep_matches_single() {
+        let mut seed = 0x1234_5678u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..50 {
+            let m = 1 + (rnd() % 600) as usize;
+            let mut data = Vec::new();
+            let mut enc = Vec::new();
+            for j in 0..4 {
+                let v: Vec<u16> = (0..m)
+                    .map(|_| match rnd() % 20 {
+                        0 => (rnd() % 65536) as u16,
+                        1..=5 => (rnd() % 40) as u16,
+                        _ => (rnd() % 3) as u16,
+                    })
+                    .collect();
+                let table = ((round * 7 + j * 13) % 64) as usize;
+                enc.push((table, encode(table, &v)));
+                data.push(v);
+            }
+            let mut outs = vec![vec![0u16; m]; 4];
+            let [a, b, c, d] = &mut outs[..] else {
+                unreachable!()
+            };
+            decode_many(
+                [
+                    (enc[0].0, &enc[0].1[..]),
+                    (enc[1].0, &enc[1].1[..]),
+                    (enc[2].0, &enc[2].1[..]),
+                    (enc[3].0, &enc[3].1[..]),
+                ],
+                [a, b, c, d],
+            )
+            .unwrap();
+            assert_eq!(outs, data);
+            for (j, (t, e)) in enc.iter().enumerate() {
+                let mut one = vec![0u16; m];
+                decode(*t, e, &mut one).unwrap();
+                assert_eq!(one, data[j]);
+            }
+        }
+    }
+}

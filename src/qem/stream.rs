@@ -1,0 +1,216 @@
+//! Count streams (§7): the selector byte picks zeros, constant, literal,
+//! sparse or rANS with one of 64 tables. Also the stream table of a chunk
+//! (payload, u32 offsets, selectors) and the decoding of many streams of one
+//! block into a pixel-major buffer.
+
+use super::error::StreamFault;
+use super::rans;
+
+pub const SPARSE: u8 = 252;
+pub const ZEROS: u8 = 253;
+pub const LITERAL: u8 = 254;
+pub const CONSTANT: u8 = 255;
+/// rANS selectors are `0..RANS_TABLES`.
+pub const RANS_TABLES: u8 = 64;
+
+/// Length rules of a stream of `m` values. `float` adds the float codec's
+/// extra bounds (rANS and sparse at most `2m` bytes).
+pub fn check_length(selector: u8, len: usize, m: usize, float: bool) -> Result<(), StreamFault> {
+    let ok = match selector {
+        ZEROS => len == 0,
+        CONSTANT => len == 2,
+        LITERAL => Some(len) == m.checked_mul(2),
+        SPARSE => len.is_multiple_of(2) && (!float || len <= 2 * m),
+        s if s < RANS_TABLES => len >= 4 && (!float || len <= 2 * m),
+        s => return Err(StreamFault::UnknownSelector(s)),
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(StreamFault::Length { selector, len })
+    }
+}
+
+/// Decodes one stream into `out` (`out.len()` values). The length rules of
+/// the integer codec are applied; callers add the float bounds.
+pub fn decode(selector: u8, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
+    check_length(selector, bytes.len(), out.len(), false)?;
+    match selector {
+        ZEROS => out.fill(0),
+        CONSTANT => out.fill(u16::from_le_bytes([bytes[0], bytes[1]])),
+        LITERAL => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
+                *o = u16::from_le_bytes([b[0], b[1]]);
+            }
+        }
+        SPARSE => {
+            out.fill(0);
+            let mut next = 0usize;
+            for b in bytes.chunks_exact(2) {
+                let e = u16::from_le_bytes([b[0], b[1]]);
+                let position = usize::from(e >> 7);
+                if position < next || position >= out.len() {
+                    return Err(StreamFault::SparsePosition { position });
+                }
+                out[position] = (e & 127) + 1;
+                next = position + 1;
+            }
+        }
+        table => rans::decode(usize::from(table), bytes, out)?,
+    }
+    Ok(())
+}
+
+/// A chunk's streams: payload, `count + 1` u32 offsets and `count`
+/// selectors, all already bound-checked against the body and integrity
+/// verified.
+#[derive(Clone, Copy)]
+pub struct StreamTable<'a> {
+    pub payload: &'a [u8],
+    pub offsets: &'a [u8],
+    pub selectors: &'a [u8],
+    /// Float codec rules (lengths at most `2m`, offsets may end before the
+    /// end of the payload).
+    pub float: bool,
+}
+
+impl<'a> StreamTable<'a> {
+    pub fn count(&self) -> usize {
+        self.selectors.len()
+    }
+
+    fn offset(&self, s: usize) -> usize {
+        let b = &self.offsets[4 * s..4 * s + 4];
+        u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize
+    }
+
+    /// Checks the offsets array: starts at 0, nondecreasing, ends at the
+    /// payload size (integer/scaled) or within it (float).
+    pub fn check_offsets(&self) -> Result<(), String> {
+        let n = self.count();
+        if self.offsets.len() != 4 * (n + 1) {
+            return Err("offset array has the wrong size".into());
+        }
+        if self.offset(0) != 0 {
+            return Err(format!("first offset is {}, not 0", self.offset(0)));
+        }
+        let mut prev = 0;
+        for s in 1..=n {
+            let o = self.offset(s);
+            if o < prev {
+                return Err(format!("offset {s} ({o}) decreases from {prev}"));
+            }
+            prev = o;
+        }
+        let ok = if self.float {
+            prev <= self.payload.len()
+        } else {
+            prev == self.payload.len()
+        };
+        if !ok {
+            return Err(format!(
+                "last offset {prev} does not match the payload size {}",
+                self.payload.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Selector and bytes of stream `s`; offsets must have been checked.
+    pub fn stream(&self, s: usize) -> (u8, &'a [u8]) {
+        let (a, b) = (self.offset(s), self.offset(s + 1));
+        (self.selectors[s], &self.payload[a..b])
+    }
+
+    /// Checks selector and length of every stream (`m` values each).
+    pub fn check_streams(&self, m: usize) -> Result<(), (usize, StreamFault)> {
+        for s in 0..self.count() {
+            let (sel, bytes) = self.stream(s);
+            check_length(sel, bytes.len(), m, self.float).map_err(|f| (s, f))?;
+        }
+        Ok(())
+    }
+
+    /// Decodes streams `first..first + out.len() / m` into `out`,
+    /// stream-major (`m` values per stream). rANS streams are decoded four
+    /// at a time in lockstep. A failure names the stream (chunk-relative).
+    pub fn decode_range(
+        &self,
+        first: usize,
+        m: usize,
+        out: &mut [u16],
+    ) -> Result<(), (usize, StreamFault)> {
+        if m == 0 {
+            return Ok(());
+        }
+        let mut pending: Vec<(usize, usize, &[u8], &mut [u16])> = Vec::with_capacity(4);
+        for (j, col) in out.chunks_exact_mut(m).enumerate() {
+            let s = first + j;
+            let (sel, bytes) = self.stream(s);
+            check_length(sel, bytes.len(), m, self.float).map_err(|f| (s, f))?;
+            if sel < RANS_TABLES {
+                pending.push((s, usize::from(sel), bytes, col));
+                if pending.len() == 4 {
+                    decode_four(&mut pending)?;
+                }
+            } else {
+                decode(sel, bytes, col).map_err(|f| (s, f))?;
+            }
+        }
+        for (s, table, bytes, col) in pending.drain(..) {
+            rans::decode(table, bytes, col).map_err(|f| (s, f))?;
+        }
+        Ok(())
+    }
+}
+
+fn decode_four(
+    pending: &mut Vec<(usize, usize, &[u8], &mut [u16])>,
+) -> Result<(), (usize, StreamFault)> {
+    let mut it = pending.drain(..);
+    let (Some(a), Some(b), Some(c), Some(d)) = (it.next(), it.next(), it.next(), it.next()) else {
+        unreachable!("called with exactly four pending streams")
+    };
+    let sites = [a.0, b.0, c.0, d.0];
+    rans::decode_many(
+        [(a.1, a.2), (b.1, b.2), (c.1, c.2), (d.1, d.2)],
+        [a.3, b.3, c.3, d.3],
+    )
+    .map_err(|(j, f)| (sites[j], f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selectors_of_the_spec() {
+        let mut out = [9u16; 32];
+        decode(SPARSE, &[0x84, 0x01], &mut out).unwrap();
+        let mut want = [0u16; 32];
+        want[3] = 5;
+        assert_eq!(out, want);
+        decode(SPARSE, &[], &mut out).unwrap();
+        assert_eq!(out, [0; 32]);
+        // Positions must increase strictly.
+        assert!(matches!(
+            decode(SPARSE, &[0x84, 0x01, 0x84, 0x01], &mut out),
+            Err(StreamFault::SparsePosition { position: 3 })
+        ));
+        let mut out = [0u16; 2];
+        assert!(decode(SPARSE, &[0x00, 0x01], &mut out).is_err());
+        decode(CONSTANT, &[0, 0], &mut out).unwrap();
+        decode(LITERAL, &[1, 0, 2, 0], &mut out).unwrap();
+        assert_eq!(out, [1, 2]);
+        assert!(matches!(
+            decode(100, &[], &mut out),
+            Err(StreamFault::UnknownSelector(100))
+        ));
+        assert!(matches!(
+            decode(ZEROS, &[0], &mut out),
+            Err(StreamFault::Length { .. })
+        ));
+        assert!(check_length(5, 6, 2, true).is_err());
+        assert!(check_length(5, 6, 2, false).is_ok());
+    }
+}
