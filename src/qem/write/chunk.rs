@@ -18,36 +18,37 @@ pub(crate) struct Frames<'a> {
 }
 
 impl Frames<'_> {
+    /// Element `p` of frame `frame` for `p` in `p0..p0 + n`, widened.
     #[inline]
-    pub fn get(&self, frame: usize, p: usize) -> u16 {
-        let i = frame * self.width + p;
-        if self.wide {
-            u16::from_le_bytes([self.bytes[2 * i], self.bytes[2 * i + 1]])
-        } else {
-            u16::from(self.bytes[i])
-        }
-    }
-
-    /// Writes element `p0 + g` of frame `frame` to `tile[g * stride + at]` for every `g < n`.
-    #[inline]
-    fn scatter_row(
-        &self,
-        frame: usize,
-        p0: usize,
-        n: usize,
-        tile: &mut [u16],
-        stride: usize,
-        at: usize,
-    ) {
+    fn row(&self, frame: usize, p0: usize, n: usize, out: &mut [u16]) {
         let start = frame * self.width + p0;
         if self.wide {
             let row = &self.bytes[2 * start..2 * (start + n)];
-            for (g, pair) in row.chunks_exact(2).enumerate() {
-                tile[g * stride + at] = u16::from_le_bytes([pair[0], pair[1]]);
+            for (o, pair) in out.iter_mut().zip(row.chunks_exact(2)) {
+                *o = u16::from_le_bytes([pair[0], pair[1]]);
             }
         } else {
-            for (g, &b) in self.bytes[start..start + n].iter().enumerate() {
-                tile[g * stride + at] = u16::from(b);
+            for (o, &b) in out.iter_mut().zip(&self.bytes[start..start + n]) {
+                *o = u16::from(b);
+            }
+        }
+    }
+
+    /// Transposes frames `f0..f0 + m`, elements `p0..p0 + n` into `tile`,
+    /// element `g` occupying `tile[g * stride..][..m]`.
+    fn transpose(&self, f0: usize, m: usize, p0: usize, n: usize, tile: &mut [u16], stride: usize) {
+        // Eight frames at a time, so each column receives one 16-byte store.
+        let mut rows = [[0u16; GROUP]; 8];
+        for i0 in (0..m).step_by(8) {
+            let k = 8.min(m - i0);
+            for (j, row) in rows.iter_mut().enumerate().take(k) {
+                self.row(f0 + i0 + j, p0, n, &mut row[..n]);
+            }
+            for g in 0..n {
+                let col = &mut tile[g * stride + i0..][..k];
+                for (j, c) in col.iter_mut().enumerate() {
+                    *c = rows[j][g];
+                }
             }
         }
     }
@@ -87,14 +88,15 @@ pub(crate) fn encode_streams(
                 let m = block.min(scans - f0);
                 let p0 = g * GROUP;
                 let n = GROUP.min(src.width - p0);
-                tile.resize(n * m, 0);
-                for i in 0..m {
-                    src.scatter_row(f0 + i, p0, n, tile, m, i);
-                }
+                // Padding the column stride keeps the 64 columns out of each
+                // other's cache sets.
+                let stride = m + 32;
+                tile.resize(n * stride, 0);
+                src.transpose(f0, m, p0, n, tile, stride);
                 let mut bytes = Vec::new();
                 let mut lens = Vec::with_capacity(n);
                 let mut sels = Vec::with_capacity(n);
-                for column in tile.chunks_exact(m) {
+                for column in tile.chunks_exact(stride).map(|c| &c[..m]) {
                     let before = bytes.len();
                     sels.push(stream::encode(column, model, scratch, &mut bytes));
                     lens.push((bytes.len() - before) as u32);

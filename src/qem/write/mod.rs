@@ -294,7 +294,8 @@ pub fn encode_to_vec(spec: WriteSpec, dense: &[u8]) -> Result<Vec<u8>, WriteErro
 enum Kind {
     Counts {
         dtype: CountDtype,
-        valid: Vec<bool>,
+        /// `u16::MAX` for a valid pixel, 0 for an invalid one.
+        valid: Vec<u16>,
         tiles: Tiles,
     },
     Float {
@@ -444,6 +445,10 @@ impl Writer {
                 header.insert("valid".into(), valid_hex(&valid).into());
                 header.insert("metadata".into(), Value::Object(metadata));
                 let tiles = Tiles::new(shape[2] as usize, shape[3] as usize);
+                let valid = valid
+                    .iter()
+                    .map(|&v| if v { u16::MAX } else { 0 })
+                    .collect();
                 (
                     Kind::Counts {
                         dtype,
@@ -987,13 +992,15 @@ struct Index {
     widths: Vec<u8>,
 }
 
-fn spatial_index(src: Frames<'_>, scans: usize, tiles: &Tiles, valid: &[bool]) -> Index {
+fn spatial_index(src: Frames<'_>, scans: usize, tiles: &Tiles, valid: &[u16]) -> Index {
     use rayon::prelude::*;
     let fields = tiles.fields();
     let mut sums = vec![0u32; scans * fields];
+    let frame_bytes = src.bytes.len() / scans;
     sums.par_chunks_mut(fields)
-        .enumerate()
-        .for_each(|(f, out)| tiles.frame_sums(|p| u32::from(src.get(f, p)), valid, out));
+        .zip(src.bytes.par_chunks(frame_bytes))
+        .with_min_len(16)
+        .for_each(|(out, frame)| tiles.frame_sums(frame, src.wide, valid, out));
     let mut index = Index {
         words: Vec::new(),
         offsets: vec![0],

@@ -31,18 +31,37 @@ impl Tiles {
         self.fields8 + self.rows32 * self.cols32
     }
 
-    /// Writes the `F` field sums of one frame into `sums`. `frame` yields the
-    /// count of pixel `p`; `valid[p]` says whether it counts.
-    pub fn frame_sums(&self, frame: impl Fn(usize) -> u32, valid: &[bool], sums: &mut [u32]) {
+    /// Writes the `F` field sums of one frame into `sums`. `frame` holds its
+    /// dense little-endian elements (two bytes each when `wide`); `valid[p]`
+    /// is `u16::MAX` for a valid pixel and 0 for an invalid one.
+    pub fn frame_sums(&self, frame: &[u8], wide: bool, valid: &[u16], sums: &mut [u32]) {
         let (small, large) = sums.split_at_mut(self.fields8);
         small.fill(0);
+        let mut values = [0u16; 8];
         for r in 0..self.rows {
             let row = &mut small[(r / 8) * self.cols8..][..self.cols8];
             let base = r * self.cols;
-            for (c, slot) in (0..self.cols).map(|c| (c, c / 8)) {
-                if valid[base + c] {
-                    row[slot] += frame(base + c);
+            for (t, slot) in row.iter_mut().enumerate() {
+                let c0 = t * 8;
+                let n = 8.min(self.cols - c0);
+                let at = base + c0;
+                if wide {
+                    for (v, pair) in values
+                        .iter_mut()
+                        .zip(frame[2 * at..2 * (at + n)].chunks_exact(2))
+                    {
+                        *v = u16::from_le_bytes([pair[0], pair[1]]);
+                    }
+                } else {
+                    for (v, &b) in values.iter_mut().zip(&frame[at..at + n]) {
+                        *v = u16::from(b);
+                    }
                 }
+                *slot += values[..n]
+                    .iter()
+                    .zip(&valid[at..at + n])
+                    .map(|(&v, &keep)| u32::from(v & keep))
+                    .sum::<u32>();
             }
         }
         // A 32×32 tile is exactly the union of up to 4×4 whole (possibly
@@ -99,11 +118,11 @@ mod tests {
     fn worked_example_frame() {
         // Spec §16: frames [[0,1,7],[0,200,3]] and [[0,2,7],[0,0,3]], pixel (1,0) invalid.
         let t = Tiles::new(2, 3);
-        let valid = [true, true, true, false, true, true];
-        let frames = [[0u32, 1, 7, 0, 200, 3], [0, 2, 7, 0, 0, 3]];
+        let valid = [u16::MAX, u16::MAX, u16::MAX, 0, u16::MAX, u16::MAX];
+        let frames = [[0u8, 1, 7, 0, 200, 3], [0, 2, 7, 0, 0, 3]];
         let mut sums = [[0u32; 2]; 2];
         for (f, s) in frames.iter().zip(sums.iter_mut()) {
-            t.frame_sums(|p| f[p], &valid, s);
+            t.frame_sums(f, false, &valid, s);
         }
         assert_eq!(sums, [[211, 211], [12, 12]]);
         let mut words = Vec::new();
@@ -129,8 +148,15 @@ mod tests {
         let (r, c) = (70, 45);
         let t = Tiles::new(r, c);
         let valid: Vec<bool> = (0..r * c).map(|p| p % 11 != 3).collect();
+        let masks: Vec<u16> = valid
+            .iter()
+            .map(|&v| if v { u16::MAX } else { 0 })
+            .collect();
+        let frame: Vec<u8> = (0..r * c)
+            .flat_map(|p| (((p as u32 * 7919) % 65536) as u16).to_le_bytes())
+            .collect();
         let mut sums = vec![0; t.fields()];
-        t.frame_sums(|p| (p as u32 * 7919) % 65536, &valid, &mut sums);
+        t.frame_sums(&frame, true, &masks, &mut sums);
         // Brute force over the definition for the 32×32 family.
         let mut i = t.fields8;
         for tr in 0..r.div_ceil(32) {

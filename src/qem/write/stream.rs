@@ -33,14 +33,27 @@ pub(crate) struct Summary {
 
 impl Summary {
     pub fn of(values: &[u16]) -> Summary {
-        let mut hist = [0u32; SYMBOLS];
-        let mut max = 0u16;
-        let mut min = u16::MAX;
-        for &v in values {
-            hist[usize::from(v).min(ESCAPE)] += 1;
-            max = max.max(v);
-            min = min.min(v);
+        // Four interleaved histograms: runs of equal values (mostly zeros)
+        // would otherwise serialise on one counter.
+        let mut parts = [[0u32; SYMBOLS]; 4];
+        let mut quads = values.chunks_exact(4);
+        for q in &mut quads {
+            for (part, &v) in parts.iter_mut().zip(q) {
+                part[usize::from(v).min(ESCAPE)] += 1;
+            }
         }
+        for &v in quads.remainder() {
+            parts[0][usize::from(v).min(ESCAPE)] += 1;
+        }
+        let mut hist = [0u32; SYMBOLS];
+        for part in &parts {
+            for (h, p) in hist.iter_mut().zip(part) {
+                *h += p;
+            }
+        }
+        // Separate passes so the compiler can vectorise them.
+        let max = values.iter().copied().max().unwrap_or(0);
+        let min = values.iter().copied().min().unwrap_or(0);
         Summary { hist, max, min }
     }
 
@@ -113,8 +126,10 @@ pub(crate) fn reference_table(summary: &Summary, m: usize) -> usize {
 #[derive(Default)]
 pub struct StreamScratch {
     rans: Scratch,
+    rans2: Scratch,
     a: Vec<u8>,
     b: Vec<u8>,
+    c: Vec<u8>,
 }
 
 /// Appends the encoding of the count stream `values` to `out` and returns its model selector.
@@ -240,8 +255,17 @@ fn encode_smallest(
     // Rank the tables by estimated size.
     let mut first = (f64::INFINITY, 0usize);
     let mut second = (f64::INFINITY, 0usize);
-    for k in 0..TABLES {
-        let est = summary.rans_estimate(summary.bits(k));
+    let present: Vec<(f64, usize)> = summary
+        .hist
+        .iter()
+        .enumerate()
+        .filter(|(_, &h)| h != 0)
+        .map(|(s, &h)| (f64::from(h), s))
+        .collect();
+    let cost = costs();
+    for (k, row) in cost.iter().enumerate() {
+        let bits: f64 = present.iter().map(|&(h, s)| h * row[s]).sum();
+        let est = summary.rans_estimate(bits);
         if est < first.0 {
             second = first;
             first = (est, k);
@@ -250,24 +274,87 @@ fn encode_smallest(
         }
     }
     let reference = reference_table(summary, m);
-    let mut candidates = [Some(reference), Some(first.1), None];
+    let lb_reference = summary.rans_lower_bound(reference, m);
+    // Tables worth encoding now: the best estimate, a close second, and the
+    // reference table unless the best estimate is clearly ahead of it.
+    let mut tables: Vec<usize> = Vec::with_capacity(3);
+    let mut consider = |k: usize| {
+        if !tables.contains(&k) && summary.rans_lower_bound(k, m) < best_len {
+            tables.push(k);
+        }
+    };
+    consider(first.1);
     if second.0 <= first.0 + 1.0 {
-        candidates[2] = Some(second.1);
+        consider(second.1);
     }
-    let mut tried = [usize::MAX; 3];
-    for (i, k) in candidates.into_iter().enumerate() {
-        let Some(k) = k else { continue };
-        if tried.contains(&k) || summary.rans_lower_bound(k, m) >= best_len {
-            continue;
+    if (lb_reference as f64) <= first.0 + 2.0 {
+        consider(reference);
+    }
+    let keep = |k: usize,
+                len: usize,
+                bytes: &mut Vec<u8>,
+                best: &mut Form,
+                best_len: &mut usize,
+                a: &mut Vec<u8>| {
+        if len < *best_len {
+            *best_len = len;
+            *best = Form::Rans(k);
+            std::mem::swap(a, bytes);
         }
-        tried[i] = k;
+    };
+    let mut encoded = Vec::with_capacity(3);
+    for pair in tables.chunks(2) {
         scratch.b.clear();
-        let len = rans::encode(values, k, &mut scratch.rans, &mut scratch.b);
-        if len < best_len {
-            best_len = len;
-            best = Form::Rans(k);
-            std::mem::swap(&mut scratch.a, &mut scratch.b);
+        scratch.c.clear();
+        if let [k0, k1] = *pair {
+            let [l0, l1] = rans::encode_pair(
+                values,
+                [k0, k1],
+                [&mut scratch.rans, &mut scratch.rans2],
+                [&mut scratch.b, &mut scratch.c],
+            );
+            keep(
+                k0,
+                l0,
+                &mut scratch.b,
+                &mut best,
+                &mut best_len,
+                &mut scratch.a,
+            );
+            keep(
+                k1,
+                l1,
+                &mut scratch.c,
+                &mut best,
+                &mut best_len,
+                &mut scratch.a,
+            );
+        } else {
+            let l0 = rans::encode(values, pair[0], &mut scratch.rans, &mut scratch.b);
+            keep(
+                pair[0],
+                l0,
+                &mut scratch.b,
+                &mut best,
+                &mut best_len,
+                &mut scratch.a,
+            );
         }
+        encoded.extend_from_slice(pair);
+    }
+    // Never larger than the reference choice: its table is encoded whenever
+    // it could still be smaller than what was found.
+    if !encoded.contains(&reference) && lb_reference < best_len {
+        scratch.b.clear();
+        let len = rans::encode(values, reference, &mut scratch.rans, &mut scratch.b);
+        keep(
+            reference,
+            len,
+            &mut scratch.b,
+            &mut best,
+            &mut best_len,
+            &mut scratch.a,
+        );
     }
     emit(best, values, &scratch.a, out)
 }
