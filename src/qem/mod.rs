@@ -14,6 +14,7 @@ pub mod spatial;
 pub mod stream;
 pub mod tables;
 pub mod validate;
+pub mod write;
 mod xml;
 
 pub use error::{ErrorKind, QemError, StreamFault, StreamSite};

@@ -1,0 +1,104 @@
+//! Encoding speed of the `.qem` writer on 4D-STEM-like uint16 counts.
+//!
+//! Run: `cargo bench --bench qem_write` (optional arguments: scan rows,
+//! scan columns, detector size). Reports MB/s of dense input with 1 and 2
+//! threads for both model policies, and the file sizes.
+
+use std::time::Instant;
+
+use qemfs::qem::write::{
+    encode_to_vec, scientific_metadata, Calibration, CountDtype, ModelChoice, WriteSpec,
+};
+
+/// xorshift64*: small, deterministic, good enough for synthetic counts.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn uniform(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Poisson variate by inversion (fine for the means used here).
+    fn poisson(&mut self, mean: f64) -> u16 {
+        let mut k = 0u16;
+        let mut p = (-mean).exp();
+        let mut cdf = p;
+        let u = self.uniform();
+        while u > cdf && k < 1000 {
+            k += 1;
+            p *= mean / f64::from(k);
+            cdf += p;
+        }
+        k
+    }
+}
+
+/// Low-dose frames: a bright-field disk (mean 12 counts, drifting with the
+/// scan position) over a dark field of 0.02 counts per pixel.
+fn frames(scans: (usize, usize), det: usize) -> Vec<u8> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut out = Vec::with_capacity(scans.0 * scans.1 * det * det * 2);
+    let radius = det as f64 / 8.0;
+    for sr in 0..scans.0 {
+        for sc in 0..scans.1 {
+            let cy = det as f64 / 2.0 + (sr as f64 / scans.0 as f64 - 0.5) * 4.0;
+            let cx = det as f64 / 2.0 + (sc as f64 / scans.1 as f64 - 0.5) * 4.0;
+            for y in 0..det {
+                for x in 0..det {
+                    let r = ((y as f64 - cy).powi(2) + (x as f64 - cx).powi(2)).sqrt();
+                    let mean = if r < radius { 12.0 } else { 0.02 };
+                    out.extend_from_slice(&rng.poisson(mean).to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let (rows, cols, det) = match args[..] {
+        [r, c, d] => (r, c, d),
+        _ => (64, 64, 128),
+    };
+    let shape = [rows as u64, cols as u64, det as u64, det as u64];
+    let data = frames((rows, cols), det);
+    let mb = data.len() as f64 / 1e6;
+    println!("input: {rows}x{cols} scans x {det}x{det} uint16 = {mb:.1} MB");
+    let sm = scientific_metadata(shape, &Calibration::default()).expect("metadata");
+    for model in [ModelChoice::Reference, ModelChoice::Smallest] {
+        for threads in [1, 2] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("pool");
+            let spec = WriteSpec::counts(shape, CountDtype::U16, sm.clone()).with_model(model);
+            // One warm-up, then the best of three.
+            let mut best = f64::INFINITY;
+            let mut size = 0;
+            for _ in 0..4 {
+                let t = Instant::now();
+                let out = pool
+                    .install(|| encode_to_vec(spec.clone(), &data))
+                    .expect("encode");
+                best = best.min(t.elapsed().as_secs_f64());
+                size = out.len();
+            }
+            println!(
+                "{model:?}, {threads} thread(s): {:.0} MB/s of dense input ({best:.3} s), file {size} bytes ({:.2} bits/count)",
+                mb / best,
+                size as f64 * 8.0 / (data.len() / 2) as f64,
+            );
+        }
+    }
+}
