@@ -9,5 +9,6 @@ pub mod manpages;
 pub mod out;
 pub mod progress;
 pub mod qem_args;
+pub mod qem_cmd;
 pub mod semq_args;
 pub mod semq_cmd;

@@ -12,8 +12,7 @@ Examples:
   qem diff a.qem b.qem --json
   qem convert scan.npy scan.qem --metadata calib.json
   qem convert scan.qem scan.npy
-  qem ls scan.qem virtual
-  qem cat scan.qem virtual/bf.npy > bf.npy
+  qem convert scan.qem frames.tiff
 
 Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
 
@@ -42,10 +41,6 @@ pub enum Command {
     Diff(DiffArgs),
     /// Convert between .npy, raw binary, .qem and .tiff
     Convert(ConvertArgs),
-    /// List the virtual tree of a file (as the mount shows it)
-    Ls(LsArgs),
-    /// Write one file of the virtual tree to stdout
-    Cat(CatArgs),
     /// Print a shell completion script
     Completions(CompletionsArgs),
 }
@@ -95,6 +90,16 @@ pub enum RawDtype {
     Float32,
 }
 
+fn parse_shape(text: &str) -> Result<[u32; 4], String> {
+    let dims: Vec<u32> = text
+        .split(',')
+        .map(|d| d.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{text:?} is not four comma-separated sizes"))?;
+    dims.try_into()
+        .map_err(|_| format!("{text:?} is not four comma-separated sizes"))
+}
+
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
     /// .npy, raw binary (with --shape and --dtype) or .qem
@@ -105,8 +110,8 @@ pub struct ConvertArgs {
     #[arg(long, value_name = "JSON")]
     pub metadata: Option<PathBuf>,
     /// Raw input: scan_rows,scan_columns,detector_rows,detector_columns
-    #[arg(long, value_delimiter = ',', num_args = 4)]
-    pub shape: Option<Vec<u32>>,
+    #[arg(long, value_parser = parse_shape, value_name = "R,C,DR,DC")]
+    pub shape: Option<[u32; 4]>,
     /// Raw input: element type (little-endian)
     #[arg(long, value_enum)]
     pub dtype: Option<RawDtype>,
@@ -116,25 +121,6 @@ pub struct ConvertArgs {
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct LsArgs {
-    /// The .qem or .semq file
-    pub file: PathBuf,
-    /// A folder inside its virtual tree
-    pub path: Option<String>,
-    /// Show sizes
-    #[arg(short, long)]
-    pub long: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct CatArgs {
-    /// The .qem or .semq file
-    pub file: PathBuf,
-    /// A file inside its virtual tree, e.g. virtual/bf.npy
-    pub path: String,
 }
 
 #[derive(Debug, Args)]

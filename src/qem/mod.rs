@@ -12,6 +12,7 @@ pub mod rans;
 pub mod scaled;
 pub mod spatial;
 pub mod stream;
+pub mod summary;
 pub mod tables;
 pub mod validate;
 pub mod write;

@@ -1,0 +1,16 @@
+//! `qem`: inspect, check, compare and convert `.qem` 4D-STEM acquisitions.
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match qemfs_cmds::qem_args::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            // Usage errors exit 2; --help and --version print and exit 0.
+            let _ = e.print();
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    qemfs_cmds::exit::finish(qemfs_cmds::qem_cmd::run(cli))
+}

@@ -1,0 +1,26 @@
+//! The `qem` subcommands.
+
+pub mod convert;
+pub mod diff;
+pub mod inspect;
+
+use crate::exit::Failure;
+use crate::qem_args::{Cli, Command};
+
+/// Runs a parsed command line; the exit status on success.
+pub fn run(cli: Cli) -> Result<u8, Failure> {
+    match cli.command {
+        Command::Show(a) => inspect::show(&a),
+        Command::Validate(a) => inspect::validate(&a),
+        Command::Hash(a) => inspect::hash(&a),
+        Command::Diff(a) => diff::diff(&a),
+        Command::Convert(a) => convert::convert(&a),
+        Command::Completions(a) => {
+            use clap::CommandFactory;
+            let mut out = crate::out::Stdout::new();
+            crate::manpages::completions(Cli::command(), a.shell, &mut out)?;
+            out.done()?;
+            Ok(crate::exit::OK)
+        }
+    }
+}

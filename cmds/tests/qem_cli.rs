@@ -1,0 +1,379 @@
+//! The `qem` command end to end: every subcommand on the conformance
+//! fixtures and on files made in a temporary folder, with its error paths
+//! and exit codes.
+
+use assert_cmd::Command;
+use serde_json::Value;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/qem")
+}
+
+fn qem() -> Command {
+    Command::cargo_bin("qem").unwrap()
+}
+
+fn entries() -> Vec<Value> {
+    let m: Value =
+        serde_json::from_str(&fs::read_to_string(fixtures().join("manifest.json")).unwrap())
+            .unwrap();
+    m["entries"].as_array().unwrap().clone()
+}
+
+fn accepted() -> Vec<Value> {
+    entries()
+        .into_iter()
+        .filter(|e| e["expected"] == "accepted")
+        .collect()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn name(e: &Value) -> String {
+    e["name"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn hash_equals_the_reference_dense_sha256() {
+    let dir = fixtures();
+    let all = accepted();
+    let files: Vec<String> = all.iter().map(|e| format!("{}.qem", name(e))).collect();
+    let out = qem()
+        .current_dir(&dir)
+        .arg("hash")
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), all.len());
+    for (line, e) in lines.iter().zip(&all) {
+        let want = format!("{}  {}.qem", e["dense_sha256"].as_str().unwrap(), name(e));
+        assert_eq!(*line, want);
+    }
+    // --file hashes the bytes.
+    let first = &all[0];
+    qem()
+        .current_dir(&dir)
+        .args(["hash", "--file", &format!("{}.qem", name(first))])
+        .assert()
+        .success()
+        .stdout(format!(
+            "{}  {}.qem\n",
+            first["qem_sha256"].as_str().unwrap(),
+            name(first)
+        ));
+}
+
+#[test]
+fn validate_accepts_good_files_and_rejects_every_bad_one() {
+    let dir = fixtures();
+    for e in entries() {
+        let file = format!("{}.qem", name(&e));
+        let out = qem()
+            .current_dir(&dir)
+            .args(["validate", &file])
+            .output()
+            .unwrap();
+        let stdout = text(&out.stdout);
+        if e["expected"] == "accepted" {
+            assert!(out.status.success(), "{file}: {stdout}");
+            assert_eq!(stdout, format!("{file}: OK\n"));
+        } else {
+            assert_eq!(out.status.code(), Some(2), "{file} accepted: {stdout}");
+            assert!(stdout.starts_with(&format!("{file}: FAILED: ")), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn npy_to_qem_to_npy_round_trips_every_accepted_array() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    for e in accepted() {
+        let n = name(&e);
+        let source = dir.join(format!("{n}.npy"));
+        let qem_path = tmp.path().join(format!("{n}.qem"));
+        let back = tmp.path().join(format!("{n}.npy"));
+        qem()
+            .arg("convert")
+            .arg(&source)
+            .arg(&qem_path)
+            .assert()
+            .success();
+        qem()
+            .arg("convert")
+            .arg(&qem_path)
+            .arg(&back)
+            .assert()
+            .success();
+        let (a, b) = (fs::read(&source).unwrap(), fs::read(&back).unwrap());
+        let (ha, hb) = (
+            qemfs::npy::parse_header(&a).unwrap(),
+            qemfs::npy::parse_header(&b).unwrap(),
+        );
+        assert_eq!((ha.dtype, &ha.shape), (hb.dtype, &hb.shape), "{n}");
+        assert_eq!(&a[ha.data_offset..], &b[hb.data_offset..], "{n}");
+    }
+}
+
+#[test]
+fn reencoding_keeps_measurements_and_metadata() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    for n in [
+        "u16-invalid-mask-33x40",
+        "f32-special-13x7",
+        "scaled-three-regions-9x9",
+        "u16-unknown-fields",
+    ] {
+        let source = dir.join(format!("{n}.qem"));
+        let out = tmp.path().join(format!("{n}.qem"));
+        qem()
+            .arg("convert")
+            .arg(&source)
+            .arg(&out)
+            .args(["--chunk-scans", "7"])
+            .assert()
+            .success();
+        let hash = |p: &Path| text(&qem().arg("hash").arg(p).output().unwrap().stdout);
+        assert_eq!(
+            hash(&source).split_whitespace().next(),
+            hash(&out).split_whitespace().next(),
+            "{n}"
+        );
+        // Same measurements and metadata: exit 0, though the chunking differs.
+        let diff = qem().arg("diff").arg(&source).arg(&out).output().unwrap();
+        assert_eq!(diff.status.code(), Some(0), "{n}: {}", text(&diff.stdout));
+        let show = |p: &Path| -> Value {
+            serde_json::from_slice(
+                &qem()
+                    .args(["show", "--json"])
+                    .arg(p)
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .unwrap()
+        };
+        let (a, b) = (show(&source), show(&out));
+        assert_eq!(
+            a["summary"]["invalid_pixels"],
+            b["summary"]["invalid_pixels"]
+        );
+        assert_eq!(
+            a["header"]["scientific_metadata"],
+            b["header"]["scientific_metadata"]
+        );
+        let frames = a["summary"]["frames"].as_u64().unwrap();
+        assert_eq!(b["summary"]["chunk_scans"][0], frames.min(7));
+        if frames > 7 {
+            assert!(text(&diff.stdout).contains("chunking"));
+        }
+        if n == "u16-unknown-fields" {
+            let unknown: Vec<&String> = a["header"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| !b["header"].as_object().unwrap().contains_key(*k))
+                .collect();
+            assert!(unknown.is_empty(), "lost members {unknown:?}");
+        }
+    }
+}
+
+#[test]
+fn diff_reports_measurement_differences() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    // Change one value of one frame and store it again.
+    let source = fs::read(dir.join("u8-mixed-13x7.npy")).unwrap();
+    let header = qemfs::npy::parse_header(&source).unwrap();
+    let mut changed = source.clone();
+    let frame_bytes = 13 * 7;
+    let at = header.data_offset + 4 * frame_bytes + 10;
+    changed[at] = changed[at].wrapping_add(3);
+    fs::write(tmp.path().join("changed.npy"), &changed).unwrap();
+    let b = tmp.path().join("changed.qem");
+    qem()
+        .arg("convert")
+        .arg(tmp.path().join("changed.npy"))
+        .arg(&b)
+        .arg("--metadata")
+        .arg(write_json(tmp.path(), &serde_json::json!({})))
+        .assert()
+        .success();
+    let out = qem()
+        .arg("diff")
+        .arg("--json")
+        .arg(dir.join("u8-mixed-13x7.qem"))
+        .arg(&b)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["measurements"]["differing_frames"], 1);
+    assert_eq!(
+        report["measurements"]["first_differing_scans"][0],
+        serde_json::json!([0, 4])
+    );
+    assert_eq!(report["measurements"]["max_abs_difference"], 3.0);
+    // The fixture carries calibration our plain conversion does not.
+    assert!(!report["scientific_metadata"].as_array().unwrap().is_empty());
+    qem()
+        .arg("diff")
+        .arg(dir.join("u8-mixed-13x7.qem"))
+        .arg(dir.join("u8-header-pretty-json.qem"))
+        .assert()
+        .code(0);
+}
+
+fn write_json(dir: &Path, v: &Value) -> PathBuf {
+    let p = dir.join("meta.json");
+    fs::write(&p, v.to_string()).unwrap();
+    p
+}
+
+#[test]
+fn convert_merges_metadata_and_reads_raw_input() {
+    let tmp = tempfile::tempdir().unwrap();
+    let raw: Vec<u8> = (0..2 * 3 * 4 * 5u32)
+        .flat_map(|i| ((i * 7) as u16).to_le_bytes())
+        .collect();
+    fs::write(tmp.path().join("scan.raw"), &raw).unwrap();
+    let meta = write_json(
+        tmp.path(),
+        &serde_json::json!({"source_metadata": {"instrument": "test rig"}}),
+    );
+    let out = tmp.path().join("scan.qem");
+    qem()
+        .arg("convert")
+        .arg(tmp.path().join("scan.raw"))
+        .arg(&out)
+        .args(["--shape", "2,3,4,5", "--dtype", "uint16", "--metadata"])
+        .arg(&meta)
+        .assert()
+        .success();
+    let shown: Value = serde_json::from_slice(
+        &qem()
+            .args(["show", "--json"])
+            .arg(&out)
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    assert_eq!(shown["summary"]["shape"], serde_json::json!([2, 3, 4, 5]));
+    assert_eq!(
+        shown["header"]["scientific_metadata"]["source_metadata"]["instrument"],
+        "test rig"
+    );
+    // Raw input of the wrong length, or without a shape, is refused.
+    qem()
+        .arg("convert")
+        .arg(tmp.path().join("scan.raw"))
+        .arg(tmp.path().join("bad.qem"))
+        .args(["--shape", "2,3,4,6", "--dtype", "uint16"])
+        .assert()
+        .code(2);
+    qem()
+        .arg("convert")
+        .arg(tmp.path().join("scan.raw"))
+        .arg(tmp.path().join("bad.qem"))
+        .assert()
+        .code(2);
+    assert!(!tmp.path().join("bad.qem").exists());
+}
+
+#[test]
+fn tiff_pages_hold_the_frames() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("frames.tiff");
+    qem()
+        .arg("convert")
+        .arg(dir.join("u16-mixed-chunks-9x9.qem"))
+        .arg(&out)
+        .assert()
+        .success();
+    let tiff = fs::read(&out).unwrap();
+    let npy = fs::read(dir.join("u16-mixed-chunks-9x9.npy")).unwrap();
+    let h = qemfs::npy::parse_header(&npy).unwrap();
+    let frames = h.shape[0] * h.shape[1];
+    let layout = qemfs::export::tiff::TiffLayout::new(
+        9,
+        9,
+        qemfs::export::tiff::Sample::U16,
+        frames as u64,
+        "",
+    );
+    let frame_bytes = 9 * 9 * 2;
+    assert_eq!(&tiff[..4], b"II*\0");
+    // Check a frame in the middle: its pixels are where the layout says.
+    let f = frames / 2;
+    let want = &npy[h.data_offset + f * frame_bytes..][..frame_bytes];
+    let first_ifd = u32::from_le_bytes(tiff[4..8].try_into().unwrap()) as u64;
+    let shift = first_ifd - layout.page_offset(0);
+    let at = (layout.page_data_offset(f as u64) + shift) as usize;
+    assert_eq!(&tiff[at..at + frame_bytes], want);
+}
+
+#[test]
+fn errors_name_the_file_and_exit_2() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = qem().args(["show", "nope.qem"]).output().unwrap();
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(text(&missing.stderr).starts_with("error: nope.qem: "));
+    let corrupt = qem()
+        .current_dir(&dir)
+        .args(["show", "bad-header-checksum.qem"])
+        .output()
+        .unwrap();
+    assert_eq!(corrupt.status.code(), Some(2));
+    assert!(text(&corrupt.stderr).starts_with("error: bad-header-checksum.qem: "));
+    // A corrupt stream fails the conversion and leaves no output.
+    let out = tmp.path().join("x.npy");
+    qem()
+        .arg("convert")
+        .arg(dir.join("bad-rans-final-state.qem"))
+        .arg(&out)
+        .assert()
+        .code(2);
+    assert!(!out.exists());
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+    // Wrong output type, existing output, bad arguments.
+    qem()
+        .arg("convert")
+        .arg(dir.join("u8-zeros-8x8.qem"))
+        .arg(tmp.path().join("x.csv"))
+        .assert()
+        .code(2);
+    let existing = tmp.path().join("keep.npy");
+    fs::write(&existing, b"keep").unwrap();
+    qem()
+        .arg("convert")
+        .arg(dir.join("u8-zeros-8x8.qem"))
+        .arg(&existing)
+        .assert()
+        .code(2);
+    assert_eq!(fs::read(&existing).unwrap(), b"keep");
+    qem()
+        .arg("convert")
+        .arg(dir.join("u8-zeros-8x8.qem"))
+        .arg(&existing)
+        .arg("--force")
+        .assert()
+        .success();
+    assert_ne!(fs::read(&existing).unwrap(), b"keep");
+    qem().args(["show"]).assert().code(2);
+    qem().args(["frobnicate"]).assert().code(2);
+    qem().args(["--help"]).assert().success();
+    let c = qem().args(["completions", "zsh"]).output().unwrap();
+    assert!(c.status.success() && text(&c.stdout).contains("qem"));
+}
