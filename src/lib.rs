@@ -10,3 +10,4 @@ pub mod npy;
 pub mod publish;
 pub mod qem;
 pub mod semq;
+pub mod tree;

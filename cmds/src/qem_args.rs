@@ -13,6 +13,8 @@ Examples:
   qem convert scan.npy scan.qem --metadata calib.json
   qem convert scan.qem scan.npy
   qem convert scan.qem frames.tiff
+  qem ls scan.qem virtual
+  qem cat scan.qem virtual/sum.npy > sum.npy
 
 Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
 
@@ -41,6 +43,10 @@ pub enum Command {
     Diff(DiffArgs),
     /// Convert between .npy, raw binary, .qem and .tiff
     Convert(ConvertArgs),
+    /// List the virtual tree of a .qem or .semq file, as the mount shows it
+    Ls(LsArgs),
+    /// Write one file of the virtual tree to stdout, byte for byte as mounted
+    Cat(CatArgs),
     /// Print a shell completion script
     Completions(CompletionsArgs),
 }
@@ -121,6 +127,25 @@ pub struct ConvertArgs {
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LsArgs {
+    /// The .qem or .semq file
+    pub file: PathBuf,
+    /// A folder inside its virtual tree (default: the top)
+    pub path: Option<String>,
+    /// Also print sizes (bytes)
+    #[arg(short, long)]
+    pub long: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct CatArgs {
+    /// The .qem or .semq file
+    pub file: PathBuf,
+    /// A file inside its virtual tree, e.g. data.npy or frames/0/0.npy
+    pub path: String,
 }
 
 #[derive(Debug, Args)]

@@ -377,3 +377,73 @@ fn errors_name_the_file_and_exit_2() {
     let c = qem().args(["completions", "zsh"]).output().unwrap();
     assert!(c.status.success() && text(&c.stdout).contains("qem"));
 }
+
+#[test]
+fn ls_and_cat_serve_the_virtual_tree() {
+    let dir = fixtures();
+    let name = "u8-two-block-chunks";
+    let file = format!("{name}.qem");
+    let listing = qem()
+        .current_dir(&dir)
+        .args(["ls", &file])
+        .output()
+        .unwrap();
+    assert!(listing.status.success());
+    assert_eq!(
+        text(&listing.stdout),
+        "data.npy\nframes/\nheader.json\ninfo.json\nlogical_sha256\nraw.qem\nsha256\nvirtual/\n"
+    );
+    let long = qem()
+        .current_dir(&dir)
+        .args(["ls", "-l", &file, "frames/0"])
+        .output()
+        .unwrap();
+    assert!(text(&long.stdout).contains("000.npy"));
+    let data = qem()
+        .current_dir(&dir)
+        .args(["cat", &file, "data.npy"])
+        .output()
+        .unwrap();
+    assert!(data.status.success());
+    let want = fs::read(dir.join(format!("{name}.npy"))).unwrap();
+    let (gh, wh) = (
+        qemfs::npy::parse_header(&data.stdout).unwrap(),
+        qemfs::npy::parse_header(&want).unwrap(),
+    );
+    assert_eq!(&data.stdout[gh.data_offset..], &want[wh.data_offset..]);
+    qem()
+        .current_dir(&dir)
+        .args(["cat", &file, "frames"])
+        .assert()
+        .code(2);
+    qem()
+        .current_dir(&dir)
+        .args(["cat", &file, "nothing.npy"])
+        .assert()
+        .code(2);
+    let broken = qem()
+        .current_dir(&dir)
+        .args(["cat", "bad-magic.qem", "data.npy"])
+        .output()
+        .unwrap();
+    assert_eq!(broken.status.code(), Some(2));
+    assert!(text(&broken.stderr).starts_with("error: bad-magic.qem: "));
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    // `qem cat ... | head -c 10`: the reader leaves early; no error, exit 0.
+    let dir = fixtures();
+    let script = format!(
+        "'{}' cat f32-special-128x128.qem data.npy | head -c 10 > /dev/null; echo ${{PIPESTATUS[0]}}",
+        assert_cmd::cargo::cargo_bin("qem").display()
+    );
+    let out = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(script)
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(text(&out.stdout).trim(), "0");
+    assert_eq!(text(&out.stderr), "");
+}

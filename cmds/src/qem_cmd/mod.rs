@@ -3,6 +3,7 @@
 pub mod convert;
 pub mod diff;
 pub mod inspect;
+pub mod tree;
 
 use crate::exit::Failure;
 use crate::qem_args::{Cli, Command};
@@ -15,6 +16,8 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Hash(a) => inspect::hash(&a),
         Command::Diff(a) => diff::diff(&a),
         Command::Convert(a) => convert::convert(&a),
+        Command::Ls(a) => tree::ls(&a),
+        Command::Cat(a) => tree::cat(&a),
         Command::Completions(a) => {
             use clap::CommandFactory;
             let mut out = crate::out::Stdout::new();

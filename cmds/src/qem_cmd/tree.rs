@@ -1,0 +1,92 @@
+//! `qem ls` and `qem cat`: the mount's virtual tree without mounting.
+
+use std::io::Write;
+
+use qemfs::tree::{Node, Tree, TreeOptions};
+
+use crate::exit::{Failure, OK};
+use crate::out::Stdout;
+use crate::qem_args::{CatArgs, LsArgs};
+
+/// Resolves `path` inside the container of `file`.
+fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Failure> {
+    let mut node = Node::Dir(tree.open_container(file).map_err(Failure::plain)?);
+    for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
+        node = tree
+            .child(&node, part)
+            .map_err(|_| Failure::file(file, format!("{path}: no such file or directory")))?;
+    }
+    Ok(node)
+}
+
+fn tree() -> Tree {
+    // One command reads each block once; a small budget suffices.
+    Tree::new(
+        ".",
+        &TreeOptions {
+            cache_bytes: 256 << 20,
+        },
+    )
+}
+
+pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
+    let tree = tree();
+    let path = args.path.as_deref().unwrap_or("");
+    let node = resolve(&tree, &args.file, path)?;
+    let mut out = Stdout::new();
+    match &node {
+        Node::File(f) => {
+            if args.long {
+                writeln!(out, "{:>14}  {path}", f.size())?;
+            } else {
+                writeln!(out, "{path}")?;
+            }
+        }
+        _ => {
+            for (name, attr) in tree.list(&node).map_err(Failure::plain)? {
+                let name = if attr.is_dir {
+                    format!("{name}/")
+                } else {
+                    name
+                };
+                if args.long {
+                    let size = if attr.is_dir {
+                        "-".to_string()
+                    } else {
+                        attr.size.to_string()
+                    };
+                    writeln!(out, "{size:>14}  {name}")?;
+                } else {
+                    writeln!(out, "{name}")?;
+                }
+            }
+        }
+    }
+    out.done()?;
+    Ok(OK)
+}
+
+pub fn cat(args: &CatArgs) -> Result<u8, Failure> {
+    let tree = tree();
+    let Node::File(content) = resolve(&tree, &args.file, &args.path)? else {
+        return Err(Failure::file(
+            &args.file,
+            format!("{}: is a directory", args.path),
+        ));
+    };
+    let mut out = Stdout::new();
+    let mut buffer = vec![0u8; 4 << 20];
+    let mut offset = 0u64;
+    loop {
+        let n = content
+            .read_at(offset, &mut buffer)
+            .map_err(Failure::plain)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buffer[..n])?;
+        offset += n as u64;
+    }
+    out.done()?;
+    Ok(OK)
+}

@@ -1,0 +1,204 @@
+//! File contents of the virtual tree: every file knows its exact size up
+//! front and serves any byte range on demand.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use super::TreeError;
+
+/// A virtual file: its size is fixed when the node is created (from
+/// headers, never by decoding), and `read_at` fills `buf` from `offset`.
+pub trait Content: Send + Sync {
+    fn size(&self) -> u64;
+
+    /// Reads up to `buf.len()` bytes at `offset`; returns how many were
+    /// read, 0 at or past the end.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError>;
+}
+
+/// Copies the part of `bytes` at `offset` into `buf`.
+pub fn copy_range(bytes: &[u8], offset: u64, buf: &mut [u8]) -> usize {
+    let Ok(start) = usize::try_from(offset) else {
+        return 0;
+    };
+    if start >= bytes.len() {
+        return 0;
+    }
+    let n = buf.len().min(bytes.len() - start);
+    buf[..n].copy_from_slice(&bytes[start..start + n]);
+    n
+}
+
+/// Bytes known when the node is made (headers, digests, small JSON).
+pub struct Bytes(pub Arc<[u8]>);
+
+impl Bytes {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Bytes(Arc::from(bytes.into()))
+    }
+}
+
+impl Content for Bytes {
+    fn size(&self) -> u64 {
+        self.0.len() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        Ok(copy_range(&self.0, offset, buf))
+    }
+}
+
+type Producer = Box<dyn Fn() -> Result<Vec<u8>, TreeError> + Send + Sync>;
+
+/// Bytes whose size is known in advance but whose content is computed on
+/// the first read (a digest of the decoded array, a preview image) and then
+/// kept. A failed computation is not kept, so a later read retries.
+pub struct Lazy {
+    size: u64,
+    produce: Producer,
+    value: OnceLock<Arc<[u8]>>,
+}
+
+impl Lazy {
+    pub fn new(
+        size: u64,
+        produce: impl Fn() -> Result<Vec<u8>, TreeError> + Send + Sync + 'static,
+    ) -> Self {
+        Lazy {
+            size,
+            produce: Box::new(produce),
+            value: OnceLock::new(),
+        }
+    }
+
+    fn bytes(&self) -> Result<&Arc<[u8]>, TreeError> {
+        if let Some(v) = self.value.get() {
+            return Ok(v);
+        }
+        let bytes = (self.produce)()?;
+        if bytes.len() as u64 != self.size {
+            // The announced size is a promise to every reader already
+            // holding it; breaking it silently would corrupt their copy.
+            return Err(TreeError::Internal(format!(
+                "computed {} bytes for a file announced as {} bytes",
+                bytes.len(),
+                self.size
+            )));
+        }
+        Ok(self.value.get_or_init(|| Arc::from(bytes)))
+    }
+}
+
+impl Content for Lazy {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        if offset >= self.size {
+            return Ok(0);
+        }
+        Ok(copy_range(self.bytes()?, offset, buf))
+    }
+}
+
+/// A source file served as it is.
+pub struct Passthrough {
+    path: PathBuf,
+    size: u64,
+    file: OnceLock<Result<File, String>>,
+}
+
+impl Passthrough {
+    pub fn new(path: &Path, size: u64) -> Self {
+        Passthrough {
+            path: path.to_path_buf(),
+            size,
+            file: OnceLock::new(),
+        }
+    }
+}
+
+impl Content for Passthrough {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        if offset >= self.size {
+            return Ok(0);
+        }
+        let file = self
+            .file
+            .get_or_init(|| File::open(&self.path).map_err(|e| e.to_string()));
+        let file = file.as_ref().map_err(|e| TreeError::Io {
+            path: self.path.clone(),
+            reason: e.clone(),
+        })?;
+        let want = buf.len().min((self.size - offset) as usize);
+        let mut done = 0;
+        while done < want {
+            match file.read_at(&mut buf[done..want], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(TreeError::Io {
+                        path: self.path.clone(),
+                        reason: e.to_string(),
+                    })
+                }
+            }
+        }
+        Ok(done)
+    }
+}
+
+/// Reads a whole content (for `qem cat` and tests).
+pub fn read_all(content: &dyn Content) -> Result<Vec<u8>, TreeError> {
+    let size = usize::try_from(content.size())
+        .map_err(|_| TreeError::Internal("file too large for memory".into()))?;
+    let mut out = vec![0u8; size];
+    let mut at = 0;
+    while at < size {
+        let n = content.read_at(at as u64, &mut out[at..])?;
+        if n == 0 {
+            break;
+        }
+        at += n;
+    }
+    out.truncate(at);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_clamped_to_the_content() {
+        let b = Bytes::new(b"hello".to_vec());
+        let mut buf = [0u8; 4];
+        assert_eq!(b.read_at(3, &mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], b"lo");
+        assert_eq!(b.read_at(5, &mut buf).unwrap(), 0);
+        assert_eq!(b.read_at(u64::MAX, &mut buf).unwrap(), 0);
+    }
+
+    #[test]
+    fn lazy_content_is_computed_once_and_checked() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = calls.clone();
+        let lazy = Lazy::new(3, move || {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(b"abc".to_vec())
+        });
+        assert_eq!(read_all(&lazy).unwrap(), b"abc");
+        assert_eq!(read_all(&lazy).unwrap(), b"abc");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        let wrong = Lazy::new(2, || Ok(b"abc".to_vec()));
+        assert!(read_all(&wrong).is_err());
+    }
+}

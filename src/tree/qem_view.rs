@@ -1,0 +1,485 @@
+//! The directory a `.qem` file appears as: the original bytes, its header
+//! and summary, digests, the whole decoded array, every frame, and the
+//! virtual images that need no decoding.
+//!
+//! Every size comes from the header. Decoded bytes come from the shared
+//! block cache, one 512-scan block (a chunk, for floats) at a time.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+
+use crate::export::png;
+use crate::export::tiff::{Sample, TiffLayout};
+use crate::npy::{self, DType};
+use crate::qem::{Codec, Dtype, QemFile, Tile};
+
+use super::content::{copy_range, Bytes, Content, Lazy, Passthrough};
+use super::{BlockCache, BlockKey, Directory, Entry, StaticDir, TreeError};
+
+/// An opened `.qem` file shared by all of its nodes.
+pub struct QemView {
+    /// Distinguishes this opening in the shared cache: a changed source
+    /// file gets a new id, so stale blocks are never served.
+    id: u64,
+    name: String,
+    file: QemFile,
+    cache: Arc<BlockCache>,
+    /// The last block a dense read touched, to spot sequential reading.
+    last_block: AtomicUsize,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of a file's bytes, read in 1 MiB pieces.
+fn sha256_file(path: &Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buffer)? {
+            0 => return Ok(hex(&hasher.finalize())),
+            n => hasher.update(&buffer[..n]),
+        }
+    }
+}
+
+fn npy_dtype(d: Dtype) -> DType {
+    match d {
+        Dtype::U8 => DType::U8,
+        Dtype::U16 => DType::U16,
+        Dtype::F32 => DType::F32,
+    }
+}
+
+impl QemView {
+    fn decode_error(&self, e: impl std::fmt::Display) -> TreeError {
+        TreeError::Decode {
+            file: self.name.clone(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// Decoded bytes of one block (codes of the scaled codec when `codes`).
+    fn block(self: &Arc<Self>, index: usize, codes: bool) -> Result<Arc<Vec<u8>>, TreeError> {
+        let key = BlockKey {
+            view: self.id,
+            block: index,
+            codes,
+        };
+        self.cache.get_or_load(&key, || {
+            let info = self
+                .file
+                .blocks()
+                .get(index)
+                .ok_or_else(|| self.decode_error(format!("no block {index}")))?;
+            let bytes = if codes {
+                let mut values = vec![0u16; info.frames * self.file.pixels()];
+                self.file
+                    .decode_block_codes(index, &mut values)
+                    .map_err(|e| self.decode_error(e))?;
+                values.iter().flat_map(|v| v.to_le_bytes()).collect()
+            } else {
+                let mut out = vec![0u8; info.decoded_bytes];
+                self.file
+                    .decode_block_into(index, &mut out)
+                    .map_err(|e| self.decode_error(e))?;
+                out
+            };
+            Ok(Arc::new(bytes))
+        })
+    }
+
+    /// Starts decoding block `index` in the background unless it is cached
+    /// or already being decoded.
+    fn prefetch(self: &Arc<Self>, index: usize, codes: bool) {
+        if index >= self.file.blocks().len() {
+            return;
+        }
+        let key = BlockKey {
+            view: self.id,
+            block: index,
+            codes,
+        };
+        if self.cache.is_present_or_loading(&key) {
+            return;
+        }
+        let view = Arc::clone(self);
+        rayon::spawn(move || {
+            // A failure surfaces when a reader asks for the block itself.
+            let _ = view.block(index, codes);
+        });
+    }
+
+    fn element_size(&self, codes: bool) -> usize {
+        if codes {
+            2
+        } else {
+            self.file.decoded_dtype().size()
+        }
+    }
+
+    /// Copies decoded array bytes `[offset, offset + buf.len())` (offsets
+    /// into the C-order array) into `buf`.
+    fn read_dense(
+        self: &Arc<Self>,
+        offset: u64,
+        buf: &mut [u8],
+        codes: bool,
+    ) -> Result<usize, TreeError> {
+        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
+        let total = frame_bytes * self.file.frames() as u64;
+        let mut done = 0usize;
+        while done < buf.len() && offset + (done as u64) < total {
+            let at = offset + done as u64;
+            let frame = (at / frame_bytes) as usize;
+            let info = *self
+                .file
+                .block_of_frame(frame)
+                .map_err(|e| self.decode_error(e))?;
+            let block = self.block(info.index, codes)?;
+            let previous = self.last_block.swap(info.index, Ordering::Relaxed);
+            if previous == info.index || previous + 1 == info.index {
+                self.prefetch(info.index + 1, codes);
+            }
+            let block_start = info.first_frame as u64 * frame_bytes;
+            done += copy_range(&block, at - block_start, &mut buf[done..]);
+        }
+        Ok(done)
+    }
+}
+
+/// `data.npy` / `codes.npy`: the npy header, then the decoded array.
+struct DenseArray {
+    view: Arc<QemView>,
+    header: Vec<u8>,
+    codes: bool,
+}
+
+impl Content for DenseArray {
+    fn size(&self) -> u64 {
+        let fb = (self.view.file.pixels() * self.view.element_size(self.codes)) as u64;
+        self.header.len() as u64 + fb * self.view.file.frames() as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        let h = self.header.len() as u64;
+        let mut done = 0;
+        if offset < h {
+            done = copy_range(&self.header, offset, buf);
+        }
+        if done < buf.len() {
+            let data_offset = (offset + done as u64).saturating_sub(h);
+            done += self
+                .view
+                .read_dense(data_offset, &mut buf[done..], self.codes)?;
+        }
+        Ok(done)
+    }
+}
+
+/// One frame as `.npy` or as a single-page TIFF: a fixed prefix, the
+/// frame's bytes, and (TIFF) padding.
+struct FrameFile {
+    view: Arc<QemView>,
+    frame: usize,
+    prefix: Arc<[u8]>,
+    padding: usize,
+}
+
+impl Content for FrameFile {
+    fn size(&self) -> u64 {
+        (self.prefix.len() + self.view.file.frame_bytes() + self.padding) as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        let p = self.prefix.len() as u64;
+        let fb = self.view.file.frame_bytes() as u64;
+        let mut done = 0;
+        if offset < p {
+            done = copy_range(&self.prefix, offset, buf);
+        }
+        let at = offset + done as u64;
+        if done < buf.len() && at < p + fb {
+            let start = self.frame as u64 * fb + (at - p);
+            let want = (buf.len() - done).min((p + fb - at) as usize);
+            done += self
+                .view
+                .read_dense(start, &mut buf[done..done + want], false)?;
+        }
+        let size = self.size();
+        let at = offset + done as u64;
+        if done < buf.len() && at < size {
+            // Zero padding after the pixels.
+            let n = (buf.len() - done).min((size - at) as usize);
+            buf[done..done + n].fill(0);
+            done += n;
+        }
+        Ok(done)
+    }
+}
+
+/// `frames/`: one folder per scan row, zero-padded to the widest index.
+struct FramesDir {
+    view: Arc<QemView>,
+    npy_prefix: Arc<[u8]>,
+    tiff_prefix: Arc<[u8]>,
+    tiff_padding: usize,
+}
+
+fn width(count: usize) -> usize {
+    count.saturating_sub(1).to_string().len()
+}
+
+/// Parses a zero-padded index of exactly `width` digits below `limit`.
+fn padded_index(text: &str, width: usize, limit: usize) -> Option<usize> {
+    if text.len() != width || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    text.parse().ok().filter(|&i| i < limit)
+}
+
+impl FramesDir {
+    fn row(self: &Arc<Self>, row: usize) -> Entry {
+        Entry::Dir(Arc::new(FrameRowDir {
+            frames: Arc::clone(self),
+            row,
+        }))
+    }
+}
+
+impl Directory for Arc<FramesDir> {
+    fn lookup(&self, name: &str) -> Option<Entry> {
+        let [rows, ..] = self.view.file.shape();
+        padded_index(name, width(rows), rows).map(|r| self.row(r))
+    }
+
+    fn list(&self) -> Vec<(String, Entry)> {
+        let [rows, ..] = self.view.file.shape();
+        let w = width(rows);
+        (0..rows)
+            .map(|r| (format!("{r:0w$}"), self.row(r)))
+            .collect()
+    }
+}
+
+struct FrameRowDir {
+    frames: Arc<FramesDir>,
+    row: usize,
+}
+
+impl FrameRowDir {
+    fn file(&self, column: usize, tiff: bool) -> Entry {
+        let f = &self.frames;
+        let [_, columns, ..] = f.view.file.shape();
+        let (prefix, padding) = if tiff {
+            (Arc::clone(&f.tiff_prefix), f.tiff_padding)
+        } else {
+            (Arc::clone(&f.npy_prefix), 0)
+        };
+        Entry::File(Arc::new(FrameFile {
+            view: Arc::clone(&f.view),
+            frame: self.row * columns + column,
+            prefix,
+            padding,
+        }))
+    }
+}
+
+impl Directory for FrameRowDir {
+    fn lookup(&self, name: &str) -> Option<Entry> {
+        let [_, columns, ..] = self.frames.view.file.shape();
+        let (stem, tiff) = match name.rsplit_once('.') {
+            Some((stem, "npy")) => (stem, false),
+            Some((stem, "tiff")) => (stem, true),
+            _ => return None,
+        };
+        padded_index(stem, width(columns), columns).map(|c| self.file(c, tiff))
+    }
+
+    fn list(&self) -> Vec<(String, Entry)> {
+        let [_, columns, ..] = self.frames.view.file.shape();
+        let w = width(columns);
+        (0..columns)
+            .flat_map(|c| {
+                [
+                    (format!("{c:0w$}.npy"), self.file(c, false)),
+                    (format!("{c:0w$}.tiff"), self.file(c, true)),
+                ]
+            })
+            .collect()
+    }
+}
+
+/// Total valid counts per scan position from the 32×32 spatial sums
+/// (integer codec): exact, and no stream is decoded.
+fn scan_sums(file: &QemFile) -> Result<Vec<u64>, String> {
+    let [_, _, r, c] = file.shape();
+    let (gr, gc) = Tile::Px32.grid(r, c);
+    let tiles = gr * gc;
+    let sums = file
+        .spatial_sums(Tile::Px32, 0..file.frames())
+        .map_err(|e| e.to_string())?;
+    Ok(sums
+        .chunks(tiles.max(1))
+        .map(|t| t.iter().map(|&v| u64::from(v)).sum())
+        .collect())
+}
+
+fn npy_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Vec<u8> {
+    let mut out = npy::encode_header(dtype, shape);
+    out.extend_from_slice(data);
+    out
+}
+
+/// Builds the directory of an opened `.qem` file.
+pub fn directory(
+    id: u64,
+    source: &Path,
+    file: QemFile,
+    cache: Arc<BlockCache>,
+) -> Result<Arc<dyn Directory>, TreeError> {
+    let name = source.display().to_string();
+    let view = Arc::new(QemView {
+        id,
+        name: name.clone(),
+        file,
+        cache,
+        last_block: AtomicUsize::new(usize::MAX - 1),
+    });
+    let file = &view.file;
+    let shape = file.shape();
+    let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
+    let text = |v: &serde_json::Value| -> Vec<u8> {
+        let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
+        s.push('\n');
+        s.into_bytes()
+    };
+
+    entries.insert(
+        "raw.qem".into(),
+        Entry::File(Arc::new(Passthrough::new(source, file.file_bytes() as u64))),
+    );
+    entries.insert(
+        "header.json".into(),
+        Entry::File(Arc::new(Bytes::new(text(&serde_json::Value::Object(
+            file.header().raw.clone(),
+        ))))),
+    );
+    entries.insert(
+        "info.json".into(),
+        Entry::File(Arc::new(Bytes::new(text(&file.info_json())))),
+    );
+    let source_path = source.to_path_buf();
+    entries.insert(
+        "sha256".into(),
+        Entry::File(Arc::new(Lazy::new(65, move || {
+            let digest = sha256_file(&source_path).map_err(|e| TreeError::Io {
+                path: source_path.clone(),
+                reason: e.to_string(),
+            })?;
+            Ok(format!("{digest}\n").into_bytes())
+        }))),
+    );
+    let v = Arc::clone(&view);
+    entries.insert(
+        "logical_sha256".into(),
+        Entry::File(Arc::new(Lazy::new(65, move || {
+            let mut hasher = Sha256::new();
+            for block in v.file.blocks() {
+                hasher.update(v.block(block.index, false)?.as_slice());
+            }
+            Ok(format!("{}\n", hex(&hasher.finalize())).into_bytes())
+        }))),
+    );
+    entries.insert(
+        "data.npy".into(),
+        Entry::File(Arc::new(DenseArray {
+            view: Arc::clone(&view),
+            header: npy::encode_header(npy_dtype(file.decoded_dtype()), &shape),
+            codes: false,
+        })),
+    );
+    if file.codec() == Codec::Scaled {
+        entries.insert(
+            "codes.npy".into(),
+            Entry::File(Arc::new(DenseArray {
+                view: Arc::clone(&view),
+                header: npy::encode_header(DType::U16, &shape),
+                codes: true,
+            })),
+        );
+    }
+
+    let sample = match file.decoded_dtype() {
+        Dtype::U8 => Sample::U8,
+        Dtype::U16 => Sample::U16,
+        Dtype::F32 => Sample::F32,
+    };
+    let tiff = TiffLayout::new(shape[2] as u32, shape[3] as u32, sample, 1, "");
+    let mut tiff_prefix = tiff.header();
+    tiff_prefix.extend_from_slice(&tiff.page_prefix(0));
+    let frames = Arc::new(FramesDir {
+        view: Arc::clone(&view),
+        npy_prefix: Arc::from(npy::encode_header(
+            npy_dtype(file.decoded_dtype()),
+            &shape[2..],
+        )),
+        tiff_prefix: Arc::from(tiff_prefix),
+        tiff_padding: tiff.page_padding(),
+    });
+    entries.insert("frames".into(), Entry::Dir(Arc::new(frames)));
+
+    let mut virtual_entries = BTreeMap::new();
+    if file.codec() == Codec::Integer {
+        let scan = [shape[0], shape[1]];
+        let header_len = npy::encode_header(DType::U64, &scan).len() as u64;
+        let v = Arc::clone(&view);
+        let sums = Arc::new(std::sync::OnceLock::<Result<Vec<u64>, String>>::new());
+        let s1 = Arc::clone(&sums);
+        virtual_entries.insert(
+            "sum.npy".to_string(),
+            Entry::File(Arc::new(Lazy::new(
+                header_len + 8 * (scan[0] * scan[1]) as u64,
+                move || {
+                    let sums = s1
+                        .get_or_init(|| scan_sums(&v.file))
+                        .as_ref()
+                        .map_err(|e| v.decode_error(e))?;
+                    let data: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
+                    Ok(npy_bytes(DType::U64, &scan, &data))
+                },
+            ))),
+        );
+        let v = Arc::clone(&view);
+        virtual_entries.insert(
+            "sum.png".to_string(),
+            Entry::File(Arc::new(Lazy::new(
+                png::png_len(scan[0] as u32, scan[1] as u32),
+                move || {
+                    let sums = sums
+                        .get_or_init(|| scan_sums(&v.file))
+                        .as_ref()
+                        .map_err(|e| v.decode_error(e))?;
+                    let values: Vec<f32> = sums.iter().map(|&s| s as f32).collect();
+                    Ok(png::encode_gray8(
+                        scan[0] as u32,
+                        scan[1] as u32,
+                        &png::auto_contrast(&values),
+                    ))
+                },
+            ))),
+        );
+    }
+    entries.insert(
+        "virtual".into(),
+        Entry::Dir(Arc::new(StaticDir::new(virtual_entries))),
+    );
+    Ok(Arc::new(StaticDir::new(entries)))
+}

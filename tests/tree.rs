@@ -1,0 +1,293 @@
+//! The virtual tree without FUSE: names, sizes and bytes of every node over
+//! a folder of conformance fixtures, a corrupt file and ordinary files.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use qemfs::npy;
+use qemfs::tree::content::read_all;
+use qemfs::tree::{Node, Tree, TreeOptions};
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance")
+}
+
+fn folder() -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let q = fixtures().join("qem");
+    for name in [
+        "u16-invalid-mask-33x40",
+        "u8-two-block-chunks",
+        "f32-special-13x7",
+        "scaled-two-regions-6x5",
+    ] {
+        fs::copy(
+            q.join(format!("{name}.qem")),
+            tmp.path().join(format!("{name}.qem")),
+        )
+        .unwrap();
+    }
+    fs::copy(
+        q.join("bad-header-checksum.qem"),
+        tmp.path().join("broken.qem"),
+    )
+    .unwrap();
+    fs::create_dir(tmp.path().join("sub")).unwrap();
+    fs::copy(
+        fixtures().join("semq/files/utf8-escapes-quant.semq"),
+        tmp.path().join("sub/emb.semq"),
+    )
+    .unwrap();
+    fs::write(tmp.path().join("notes.txt"), b"plain file\n").unwrap();
+    tmp
+}
+
+fn read(tree: &Tree, path: &str) -> Vec<u8> {
+    match tree.resolve(path).unwrap_or_else(|e| panic!("{path}: {e}")) {
+        Node::File(f) => read_all(f.as_ref()).unwrap_or_else(|e| panic!("{path}: {e}")),
+        _ => panic!("{path} is not a file"),
+    }
+}
+
+fn names(tree: &Tree, path: &str) -> Vec<String> {
+    let node = tree.resolve(path).unwrap();
+    tree.list(&node)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
+}
+
+/// Walks every node: listed sizes equal the bytes read, in one read and in
+/// small pieces; every `.npy` header accounts for exactly its bytes.
+fn check_all(tree: &Tree, path: &str, files: &mut usize) {
+    let node = tree.resolve(path).unwrap();
+    for (name, attr) in tree.list(&node).unwrap() {
+        let child = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path}/{name}")
+        };
+        if attr.is_dir {
+            check_all(tree, &child, files);
+            continue;
+        }
+        let bytes = read(tree, &child);
+        assert_eq!(bytes.len() as u64, attr.size, "{child}");
+        if let Node::File(f) = tree.resolve(&child).unwrap() {
+            let mut pieces = Vec::new();
+            let mut buf = [0u8; 777];
+            loop {
+                let n = f.read_at(pieces.len() as u64, &mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                pieces.extend_from_slice(&buf[..n]);
+            }
+            assert_eq!(pieces, bytes, "{child} read in pieces");
+        }
+        if name.ends_with(".npy") {
+            let h = npy::parse_header(&bytes).unwrap_or_else(|e| panic!("{child}: {e}"));
+            h.check_file_len(bytes.len() as u64).unwrap();
+        }
+        *files += 1;
+    }
+}
+
+#[test]
+fn every_node_yields_exactly_its_size() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let mut files = 0;
+    check_all(&tree, "", &mut files);
+    assert!(files > 100, "{files}");
+}
+
+#[test]
+fn containers_show_the_decoded_data() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    assert_eq!(
+        names(&tree, ""),
+        vec![
+            "broken.qem",
+            "f32-special-13x7.qem",
+            "notes.txt",
+            "scaled-two-regions-6x5.qem",
+            "sub",
+            "u16-invalid-mask-33x40.qem",
+            "u8-two-block-chunks.qem",
+        ]
+    );
+    let q = fixtures().join("qem");
+    for name in [
+        "u16-invalid-mask-33x40",
+        "u8-two-block-chunks",
+        "f32-special-13x7",
+        "scaled-two-regions-6x5",
+    ] {
+        let want = fs::read(q.join(format!("{name}.npy"))).unwrap();
+        let wh = npy::parse_header(&want).unwrap();
+        let got = read(&tree, &format!("{name}.qem/data.npy"));
+        let gh = npy::parse_header(&got).unwrap();
+        assert_eq!((gh.dtype, &gh.shape), (wh.dtype, &wh.shape), "{name}");
+        assert_eq!(&got[gh.data_offset..], &want[wh.data_offset..], "{name}");
+        assert_eq!(
+            read(&tree, &format!("{name}.qem/raw.qem")),
+            fs::read(q.join(format!("{name}.qem"))).unwrap()
+        );
+        // One frame in the middle, as .npy and as TIFF pixels.
+        let [r, c, dr, dc] = [wh.shape[0], wh.shape[1], wh.shape[2], wh.shape[3]];
+        let (row, col) = (r / 2, c / 2);
+        let fb = dr * dc * wh.dtype.size();
+        let at = wh.data_offset + (row * c + col) * fb;
+        let w = |n: usize| (n - 1).to_string().len();
+        let frame = read(
+            &tree,
+            &format!(
+                "{name}.qem/frames/{row:0rw$}/{col:0cw$}.npy",
+                rw = w(r),
+                cw = w(c)
+            ),
+        );
+        let fh = npy::parse_header(&frame).unwrap();
+        assert_eq!(fh.shape, vec![dr, dc]);
+        assert_eq!(&frame[fh.data_offset..], &want[at..at + fb]);
+        let tiff = read(
+            &tree,
+            &format!(
+                "{name}.qem/frames/{row:0rw$}/{col:0cw$}.tiff",
+                rw = w(r),
+                cw = w(c)
+            ),
+        );
+        assert!(tiff.windows(fb).any(|x| x == &want[at..at + fb]));
+        // Digests.
+        let entry = manifest_entry(name);
+        assert_eq!(
+            String::from_utf8(read(&tree, &format!("{name}.qem/logical_sha256"))).unwrap(),
+            format!("{}\n", entry["dense_sha256"].as_str().unwrap())
+        );
+        assert_eq!(
+            String::from_utf8(read(&tree, &format!("{name}.qem/sha256"))).unwrap(),
+            format!("{}\n", entry["qem_sha256"].as_str().unwrap())
+        );
+        let info: Value =
+            serde_json::from_slice(&read(&tree, &format!("{name}.qem/info.json"))).unwrap();
+        assert_eq!(info["summary"]["shape"], serde_json::json!(wh.shape));
+    }
+    let codes = read(&tree, "scaled-two-regions-6x5.qem/codes.npy");
+    let want = fs::read(q.join("scaled-two-regions-6x5.codes.npy")).unwrap();
+    let (ch, wh) = (
+        npy::parse_header(&codes).unwrap(),
+        npy::parse_header(&want).unwrap(),
+    );
+    assert_eq!(&codes[ch.data_offset..], &want[wh.data_offset..]);
+}
+
+fn manifest_entry(name: &str) -> Value {
+    let m: Value =
+        serde_json::from_slice(&fs::read(fixtures().join("qem/manifest.json")).unwrap()).unwrap();
+    m["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == name)
+        .unwrap()
+        .clone()
+}
+
+#[test]
+fn scan_sums_come_from_the_index_and_exclude_invalid_pixels() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let name = "u16-invalid-mask-33x40";
+    let sums = read(&tree, &format!("{name}.qem/virtual/sum.npy"));
+    let h = npy::parse_header(&sums).unwrap();
+    assert_eq!((h.dtype, h.shape.clone()), (npy::DType::U64, vec![2, 3]));
+    let data = fs::read(fixtures().join(format!("qem/{name}.npy"))).unwrap();
+    let dh = npy::parse_header(&data).unwrap();
+    let file = qemfs::qem::QemFile::open(fixtures().join(format!("qem/{name}.qem"))).unwrap();
+    let mask = file.valid_mask().unwrap();
+    let p = 33 * 40;
+    for f in 0..6 {
+        let want: u64 = (0..p)
+            .filter(|&i| mask.is_valid(i))
+            .map(|i| {
+                let at = dh.data_offset + 2 * (f * p + i);
+                u64::from(u16::from_le_bytes([data[at], data[at + 1]]))
+            })
+            .sum();
+        let at = h.data_offset + 8 * f;
+        assert_eq!(
+            u64::from_le_bytes(sums[at..at + 8].try_into().unwrap()),
+            want
+        );
+    }
+    let png = read(&tree, &format!("{name}.qem/virtual/sum.png"));
+    assert_eq!(&png[..4], b"\x89PNG");
+}
+
+#[test]
+fn semq_containers_show_ids_symbols_and_digests() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let e = qemfs::semq::Encoding::open(dir.path().join("sub/emb.semq")).unwrap();
+    assert_eq!(
+        String::from_utf8(read(&tree, "sub/emb.semq/state_id")).unwrap(),
+        format!("{}\n", qemfs::semq::to_hex(e.state_id()))
+    );
+    let ids = String::from_utf8(read(&tree, "sub/emb.semq/ids.txt")).unwrap();
+    assert_eq!(ids.lines().count(), e.len());
+    assert!(!ids.contains('\u{1}'), "control characters are escaped");
+    let symbols = read(&tree, "sub/emb.semq/symbols.npy");
+    let h = npy::parse_header(&symbols).unwrap();
+    assert_eq!(&symbols[h.data_offset..], &e.unpack()[..]);
+    let info: Value = serde_json::from_slice(&read(&tree, "sub/emb.semq/info.json")).unwrap();
+    assert_eq!(info["n"], e.len());
+    assert_eq!(read(&tree, "sub/emb.semq/rows.bin"), e.rows_section());
+}
+
+#[test]
+fn broken_files_show_their_reason_and_do_not_hide_neighbours() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    assert_eq!(names(&tree, "broken.qem"), vec!["ERROR.txt"]);
+    let text = String::from_utf8(read(&tree, "broken.qem/ERROR.txt")).unwrap();
+    assert!(
+        text.contains("broken.qem") && text.contains("checksum"),
+        "{text}"
+    );
+    assert_eq!(read(&tree, "notes.txt"), b"plain file\n");
+    assert!(tree.resolve("nope.qem").is_err());
+    assert!(tree.resolve("notes.txt/x").is_err());
+    assert!(tree
+        .resolve("u8-two-block-chunks.qem/frames/9/0.npy")
+        .is_err());
+}
+
+#[test]
+fn changed_and_removed_sources_are_noticed() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let path = dir.path().join("u8-two-block-chunks.qem");
+    let before = read(&tree, "u8-two-block-chunks.qem/logical_sha256");
+    // Replace the file with another acquisition under the same name.
+    fs::remove_file(&path).unwrap();
+    fs::copy(fixtures().join("qem/u8-mixed-13x7.qem"), &path).unwrap();
+    let after = read(&tree, "u8-two-block-chunks.qem/logical_sha256");
+    assert_ne!(before, after);
+    assert_eq!(
+        String::from_utf8(after).unwrap(),
+        format!(
+            "{}\n",
+            manifest_entry("u8-mixed-13x7")["dense_sha256"]
+                .as_str()
+                .unwrap()
+        )
+    );
+    fs::remove_file(&path).unwrap();
+    assert!(tree.resolve("u8-two-block-chunks.qem").is_err());
+    assert!(!names(&tree, "").contains(&"u8-two-block-chunks.qem".to_string()));
+}
