@@ -45,7 +45,7 @@ fn folder() -> tempfile::TempDir {
 
 fn read(tree: &Tree, path: &str) -> Vec<u8> {
     match tree.resolve(path).unwrap_or_else(|e| panic!("{path}: {e}")) {
-        Node::File(f) => read_all(f.as_ref()).unwrap_or_else(|e| panic!("{path}: {e}")),
+        Node::File(f, _) => read_all(f.as_ref()).unwrap_or_else(|e| panic!("{path}: {e}")),
         _ => panic!("{path} is not a file"),
     }
 }
@@ -75,7 +75,7 @@ fn check_all(tree: &Tree, path: &str, files: &mut usize) {
         }
         let bytes = read(tree, &child);
         assert_eq!(bytes.len() as u64, attr.size, "{child}");
-        if let Node::File(f) = tree.resolve(&child).unwrap() {
+        if let Node::File(f, _) = tree.resolve(&child).unwrap() {
             let mut pieces = Vec::new();
             let mut buf = [0u8; 777];
             loop {

@@ -70,24 +70,47 @@ pub enum Entry {
 pub trait Directory: Send + Sync {
     fn lookup(&self, name: &str) -> Option<Entry>;
     fn list(&self) -> Vec<(String, Entry)>;
+
+    /// Extended attributes (`user.qem.codec`, ...), on container folders.
+    fn xattrs(&self) -> Vec<(String, Vec<u8>)> {
+        Vec::new()
+    }
 }
 
 /// A directory whose entries are fixed when it is made.
-pub struct StaticDir(BTreeMap<String, Entry>);
+pub struct StaticDir {
+    entries: BTreeMap<String, Entry>,
+    xattrs: Vec<(String, Vec<u8>)>,
+}
 
 impl StaticDir {
     pub fn new(entries: BTreeMap<String, Entry>) -> Self {
-        StaticDir(entries)
+        StaticDir {
+            entries,
+            xattrs: Vec::new(),
+        }
+    }
+
+    pub fn with_xattrs(mut self, xattrs: Vec<(String, Vec<u8>)>) -> Self {
+        self.xattrs = xattrs;
+        self
     }
 }
 
 impl Directory for StaticDir {
     fn lookup(&self, name: &str) -> Option<Entry> {
-        self.0.get(name).cloned()
+        self.entries.get(name).cloned()
     }
 
     fn list(&self) -> Vec<(String, Entry)> {
-        self.0.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+        self.entries
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
+    fn xattrs(&self) -> Vec<(String, Vec<u8>)> {
+        self.xattrs.clone()
     }
 }
 
@@ -96,9 +119,10 @@ impl Directory for StaticDir {
 pub enum Node {
     /// A folder of the source tree.
     SourceDir(PathBuf),
-    /// A virtual directory (a container or a folder inside one).
-    Dir(Arc<dyn Directory>),
-    File(Arc<dyn Content>),
+    /// A virtual directory (a container or a folder inside one), with the
+    /// modification time of its source file.
+    Dir(Arc<dyn Directory>, SystemTime),
+    File(Arc<dyn Content>, SystemTime),
 }
 
 /// The attributes a listing or `stat` needs.
@@ -296,14 +320,15 @@ impl Tree {
         if meta.is_dir() {
             return Ok(Node::SourceDir(path.to_path_buf()));
         }
+        let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
         if meta.is_file() {
             if let Some(format) = format_of(name) {
-                return Ok(Node::Dir(self.container(path, format, &meta)));
+                return Ok(Node::Dir(self.container(path, format, &meta), mtime));
             }
-            return Ok(Node::File(Arc::new(content::Passthrough::new(
-                path,
-                meta.len(),
-            ))));
+            return Ok(Node::File(
+                Arc::new(content::Passthrough::new(path, meta.len())),
+                mtime,
+            ));
         }
         // Sockets, devices and the like are not mirrored.
         Err(TreeError::NotFound(name.to_string()))
@@ -327,12 +352,12 @@ impl Tree {
     pub fn child(&self, parent: &Node, name: &str) -> Result<Node, TreeError> {
         match parent {
             Node::SourceDir(dir) => self.source_node(&dir.join(name), name),
-            Node::Dir(d) => match d.lookup(name) {
-                Some(Entry::Dir(d)) => Ok(Node::Dir(d)),
-                Some(Entry::File(f)) => Ok(Node::File(f)),
+            Node::Dir(d, mtime) => match d.lookup(name) {
+                Some(Entry::Dir(d)) => Ok(Node::Dir(d, *mtime)),
+                Some(Entry::File(f)) => Ok(Node::File(f, *mtime)),
                 None => Err(TreeError::NotFound(name.to_string())),
             },
-            Node::File(_) => Err(TreeError::NotADirectory(name.to_string())),
+            Node::File(..) => Err(TreeError::NotADirectory(name.to_string())),
         }
     }
 
@@ -372,8 +397,8 @@ impl Tree {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
                 Ok(out)
             }
-            Node::Dir(d) => {
-                let mtime = SystemTime::UNIX_EPOCH;
+            Node::Dir(d, mtime) => {
+                let mtime = *mtime;
                 Ok(d.list()
                     .into_iter()
                     .map(|(name, e)| {
@@ -393,7 +418,7 @@ impl Tree {
                     })
                     .collect())
             }
-            Node::File(_) => Err(TreeError::NotADirectory(String::new())),
+            Node::File(..) => Err(TreeError::NotADirectory(String::new())),
         }
     }
 
@@ -407,15 +432,15 @@ impl Tree {
                     .and_then(|m| m.modified())
                     .unwrap_or(SystemTime::UNIX_EPOCH),
             },
-            Node::Dir(_) => Attr {
+            Node::Dir(_, mtime) => Attr {
                 is_dir: true,
                 size: 0,
-                mtime: SystemTime::UNIX_EPOCH,
+                mtime: *mtime,
             },
-            Node::File(f) => Attr {
+            Node::File(f, mtime) => Attr {
                 is_dir: false,
                 size: f.size(),
-                mtime: SystemTime::UNIX_EPOCH,
+                mtime: *mtime,
             },
         }
     }

@@ -481,5 +481,23 @@ pub fn directory(
         "virtual".into(),
         Entry::Dir(Arc::new(StaticDir::new(virtual_entries))),
     );
-    Ok(Arc::new(StaticDir::new(entries)))
+    let xattrs = vec![
+        (
+            "user.qem.codec".to_string(),
+            file.codec().id().as_bytes().to_vec(),
+        ),
+        (
+            "user.qem.shape".to_string(),
+            format!("{},{},{},{}", shape[0], shape[1], shape[2], shape[3]).into_bytes(),
+        ),
+        (
+            "user.qem.dtype".to_string(),
+            file.decoded_dtype().name().as_bytes().to_vec(),
+        ),
+        (
+            "user.qem.stored_dtype".to_string(),
+            file.stored_dtype().name().as_bytes().to_vec(),
+        ),
+    ];
+    Ok(Arc::new(StaticDir::new(entries).with_xattrs(xattrs)))
 }

@@ -100,6 +100,31 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
         file(Arc::new(Bytes::new(e.rows_section().to_vec()))),
     );
 
+    let xattrs = vec![
+        (
+            "user.semq.state_id".to_string(),
+            to_hex(e.state_id()).into_bytes(),
+        ),
+        (
+            "user.semq.content_digest".to_string(),
+            to_hex(e.content_digest()).into_bytes(),
+        ),
+        (
+            "user.semq.config".to_string(),
+            format!(
+                "{} dim={} {}={}",
+                e.config().operator().name(),
+                e.config().dim(),
+                e.config().operator().param_name(),
+                e.config().param()
+            )
+            .into_bytes(),
+        ),
+        (
+            "user.semq.rows".to_string(),
+            e.len().to_string().into_bytes(),
+        ),
+    ];
     let n = e.len();
     let config = e.config();
     let units = config.units_per_row();
@@ -129,5 +154,5 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
             },
         ))),
     );
-    Ok(Arc::new(StaticDir::new(entries)))
+    Ok(Arc::new(StaticDir::new(entries).with_xattrs(xattrs)))
 }

@@ -10,7 +10,10 @@ use crate::qem_args::{CatArgs, LsArgs};
 
 /// Resolves `path` inside the container of `file`.
 fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Failure> {
-    let mut node = Node::Dir(tree.open_container(file).map_err(Failure::plain)?);
+    let mtime = std::fs::metadata(file)
+        .and_then(|m| m.modified())
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let mut node = Node::Dir(tree.open_container(file).map_err(Failure::plain)?, mtime);
     for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
         node = tree
             .child(&node, part)
@@ -35,7 +38,7 @@ pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
     let node = resolve(&tree, &args.file, path)?;
     let mut out = Stdout::new();
     match &node {
-        Node::File(f) => {
+        Node::File(f, _) => {
             if args.long {
                 writeln!(out, "{:>14}  {path}", f.size())?;
             } else {
@@ -68,7 +71,7 @@ pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
 
 pub fn cat(args: &CatArgs) -> Result<u8, Failure> {
     let tree = tree();
-    let Node::File(content) = resolve(&tree, &args.file, &args.path)? else {
+    let Node::File(content, _) = resolve(&tree, &args.file, &args.path)? else {
         return Err(Failure::file(
             &args.file,
             format!("{}: is a directory", args.path),

@@ -1,0 +1,400 @@
+//! The FUSE adapter: maps kernel requests onto the core library's virtual
+//! tree. Inodes are numbered by path; reads run on a worker pool so a slow
+//! decode never holds up other requests.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime};
+
+use fuser::{
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+};
+
+use qemfs::tree::{Attr, Content, Node, Tree, TreeError};
+
+/// How long the kernel may trust names and attributes. Short, so that a
+/// changed source file shows up quickly; contents are immutable per
+/// opening, so the page cache is kept (FOPEN_KEEP_CACHE).
+const TTL: Duration = Duration::from_secs(1);
+
+const ROOT: u64 = 1;
+
+struct Inode {
+    path: String,
+    /// Filled on lookup; readdir hands out numbers before that.
+    node: Option<Node>,
+}
+
+#[derive(Default)]
+struct Inodes {
+    by_ino: HashMap<u64, Inode>,
+    by_path: HashMap<String, u64>,
+    next: u64,
+}
+
+impl Inodes {
+    fn ino_of(&mut self, path: &str) -> u64 {
+        if let Some(&ino) = self.by_path.get(path) {
+            return ino;
+        }
+        self.next += 1;
+        let ino = self.next;
+        self.by_path.insert(path.to_string(), ino);
+        self.by_ino.insert(
+            ino,
+            Inode {
+                path: path.to_string(),
+                node: None,
+            },
+        );
+        ino
+    }
+}
+
+/// An open directory: its listing, taken once at opendir so that paging
+/// through a large folder (the frames of a big scan) is linear.
+struct DirListing {
+    entries: Vec<(u64, FileType, String)>,
+}
+
+pub struct QemFs {
+    tree: Arc<Tree>,
+    inodes: Mutex<Inodes>,
+    files: Mutex<HashMap<u64, Arc<dyn Content>>>,
+    dirs: Mutex<HashMap<u64, Arc<DirListing>>>,
+    next_handle: AtomicU64,
+    pool: rayon::ThreadPool,
+    uid: u32,
+    gid: u32,
+    log: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn errno(e: &TreeError) -> Errno {
+    match e {
+        TreeError::NotFound(_) => Errno::ENOENT,
+        TreeError::NotADirectory(_) => Errno::ENOTDIR,
+        TreeError::IsADirectory(_) => Errno::EISDIR,
+        TreeError::Decode { .. } | TreeError::Io { .. } | TreeError::Internal(_) => Errno::EIO,
+    }
+}
+
+fn join(parent: &str, name: &str) -> String {
+    if parent.is_empty() {
+        name.to_string()
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
+impl QemFs {
+    pub fn new(
+        tree: Arc<Tree>,
+        workers: usize,
+        log: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> std::io::Result<Self> {
+        let mut inodes = Inodes {
+            next: ROOT,
+            ..Inodes::default()
+        };
+        inodes.by_path.insert(String::new(), ROOT);
+        inodes.by_ino.insert(
+            ROOT,
+            Inode {
+                path: String::new(),
+                node: Some(Node::SourceDir(tree.root().to_path_buf())),
+            },
+        );
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(workers.max(2))
+            .thread_name(|i| format!("qemfs-read-{i}"))
+            .build()
+            .map_err(std::io::Error::other)?;
+        // SAFETY: getuid/getgid cannot fail.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Ok(QemFs {
+            tree,
+            inodes: Mutex::new(inodes),
+            files: Mutex::new(HashMap::new()),
+            dirs: Mutex::new(HashMap::new()),
+            next_handle: AtomicU64::new(1),
+            pool,
+            uid,
+            gid,
+            log,
+        })
+    }
+
+    fn file_attr(&self, ino: u64, attr: &Attr) -> FileAttr {
+        let (kind, perm, nlink) = if attr.is_dir {
+            (FileType::Directory, 0o555, 2)
+        } else {
+            (FileType::RegularFile, 0o444, 1)
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size: attr.size,
+            blocks: attr.size.div_ceil(512),
+            atime: attr.mtime,
+            mtime: attr.mtime,
+            ctime: attr.mtime,
+            crtime: attr.mtime,
+            kind,
+            perm,
+            nlink,
+            uid: self.uid,
+            gid: self.gid,
+            rdev: 0,
+            blksize: 1 << 20,
+            flags: 0,
+        }
+    }
+
+    /// The node behind `ino`, resolving it by path when only the number is
+    /// known (handed out by readdir).
+    fn node(&self, ino: u64) -> Result<(String, Node), Errno> {
+        let path = {
+            let inodes = lock(&self.inodes);
+            let inode = inodes.by_ino.get(&ino).ok_or(Errno::ENOENT)?;
+            if let Some(node) = &inode.node {
+                return Ok((inode.path.clone(), node.clone()));
+            }
+            inode.path.clone()
+        };
+        let node = self.tree.resolve(&path).map_err(|e| errno(&e))?;
+        if let Some(inode) = lock(&self.inodes).by_ino.get_mut(&ino) {
+            inode.node = Some(node.clone());
+        }
+        Ok((path, node))
+    }
+
+    fn handle(&self) -> u64 {
+        self.next_handle.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Filesystem for QemFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        // Large readahead: decoded arrays are read sequentially in bulk.
+        let _ = config.set_max_readahead(1 << 20);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let Ok((parent_path, parent_node)) = self.node(parent.0) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let name = name.to_string_lossy();
+        match self.tree.child(&parent_node, &name) {
+            Ok(node) => {
+                let path = join(&parent_path, &name);
+                let attr = self.tree.attr(&node);
+                let ino = {
+                    let mut inodes = lock(&self.inodes);
+                    let ino = inodes.ino_of(&path);
+                    if let Some(inode) = inodes.by_ino.get_mut(&ino) {
+                        inode.node = Some(node);
+                    }
+                    ino
+                };
+                reply.entry(&TTL, &self.file_attr(ino, &attr), Generation(0));
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.node(ino.0) {
+            Ok((_, node)) => reply.attr(&TTL, &self.file_attr(ino.0, &self.tree.attr(&node))),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        if flags.acc_mode() != OpenAccMode::O_RDONLY {
+            return reply.error(Errno::EROFS);
+        }
+        match self.node(ino.0) {
+            Ok((_, Node::File(content, _))) => {
+                let fh = self.handle();
+                lock(&self.files).insert(fh, content);
+                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+            }
+            Ok(_) => reply.error(Errno::EISDIR),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(content) = lock(&self.files).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        let log = Arc::clone(&self.log);
+        self.pool.spawn(move || {
+            let end = content.size().min(offset.saturating_add(u64::from(size)));
+            let len = end.saturating_sub(offset) as usize;
+            let mut buffer = vec![0u8; len];
+            let mut done = 0;
+            while done < len {
+                match content.read_at(offset + done as u64, &mut buffer[done..]) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(e) => {
+                        log(&format!("read failed: {e}"));
+                        return reply.error(errno(&e));
+                    }
+                }
+            }
+            reply.data(&buffer[..done]);
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: fuser::ReplyEmpty,
+    ) {
+        lock(&self.files).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let (path, node) = match self.node(ino.0) {
+            Ok(v) => v,
+            Err(e) => return reply.error(e),
+        };
+        let listing = match self.tree.list(&node) {
+            Ok(l) => l,
+            Err(e) => return reply.error(errno(&e)),
+        };
+        let parent_ino = {
+            let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
+            lock(&self.inodes)
+                .by_path
+                .get(parent)
+                .copied()
+                .unwrap_or(ROOT)
+        };
+        let mut entries = vec![
+            (ino.0, FileType::Directory, ".".to_string()),
+            (parent_ino, FileType::Directory, "..".to_string()),
+        ];
+        {
+            let mut inodes = lock(&self.inodes);
+            for (name, attr) in listing {
+                let kind = if attr.is_dir {
+                    FileType::Directory
+                } else {
+                    FileType::RegularFile
+                };
+                entries.push((inodes.ino_of(&join(&path, &name)), kind, name));
+            }
+        }
+        let fh = self.handle();
+        lock(&self.dirs).insert(fh, Arc::new(DirListing { entries }));
+        reply.opened(FileHandle(fh), FopenFlags::empty());
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let Some(listing) = lock(&self.dirs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (ino, kind, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
+            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        reply: fuser::ReplyEmpty,
+    ) {
+        lock(&self.dirs).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let stats = self.tree.cache().stats();
+        reply.statfs(0, 0, 0, stats.entries as u64, 0, 4096, 255, 4096);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let value = match self.node(ino.0) {
+            Ok((_, Node::Dir(d, _))) => d
+                .xattrs()
+                .into_iter()
+                .find(|(k, _)| OsStr::new(k) == name)
+                .map(|(_, v)| v),
+            Ok(_) => None,
+            Err(e) => return reply.error(e),
+        };
+        match value {
+            None => reply.error(Errno::NO_XATTR),
+            Some(v) if size == 0 => reply.size(v.len() as u32),
+            Some(v) if v.len() <= size as usize => reply.data(&v),
+            Some(_) => reply.error(Errno::ERANGE),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let names: Vec<u8> = match self.node(ino.0) {
+            Ok((_, Node::Dir(d, _))) => d
+                .xattrs()
+                .into_iter()
+                .flat_map(|(k, _)| k.into_bytes().into_iter().chain([0]))
+                .collect(),
+            Ok(_) => Vec::new(),
+            Err(e) => return reply.error(e),
+        };
+        if size == 0 {
+            reply.size(names.len() as u32);
+        } else if names.len() <= size as usize {
+            reply.data(&names);
+        } else {
+            reply.error(Errno::ERANGE);
+        }
+    }
+}
+
+/// Seconds since the epoch for log lines.
+pub fn timestamp() -> String {
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
+}
