@@ -339,9 +339,24 @@ impl ImageBuilder {
         &mut self.image[self.layout.rows.clone()]
     }
 
+    /// The content-digest input before the rows (config ‖ kind ‖ n ‖ ids)
+    /// and the rows region, borrowed together so that rows can be hashed
+    /// while later rows are still being written.
+    pub(crate) fn content_parts_mut(&mut self) -> (&[u8], &mut [u8]) {
+        let rows = self.layout.rows.clone();
+        let (head, tail) = self.image.split_at_mut(rows.start);
+        (&head[CONTENT_START..], &mut tail[..rows.len()])
+    }
+
     /// Computes both digests, writes the footer and returns the state.
-    pub(crate) fn finish(mut self) -> Encoding {
+    pub(crate) fn finish(self) -> Encoding {
         let content = identity::content_digest(&self.image[CONTENT_START..self.layout.rows.end]);
+        self.finish_with_content_digest(content)
+    }
+
+    /// Like `finish`, with the content digest already computed over
+    /// exactly `image[CONTENT_START..rows.end]`.
+    pub(crate) fn finish_with_content_digest(mut self, content: Digest32) -> Encoding {
         let state = identity::state_id(&content, &self.image[self.layout.manifest.clone()]);
         let f = self.layout.manifest.end;
         self.image[f..f + 32].copy_from_slice(&content);

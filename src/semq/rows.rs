@@ -23,7 +23,24 @@ pub fn pack(config: &Config, symbols: &[u8], out: &mut [u8]) {
             }
         }
         Operator::Phase => out.copy_from_slice(symbols),
-        Operator::Quant => pack_bits(config.bits_per_unit(), symbols, out),
+        Operator::Quant => pack_quant(config.bits_per_unit() as usize, symbols, out),
+    }
+}
+
+/// Eight b-bit symbols fill exactly b bytes, so whole groups of eight are
+/// packed without branches; the tail goes through the general stream.
+fn pack_quant(bits: usize, symbols: &[u8], out: &mut [u8]) {
+    let groups = symbols.len() / 8;
+    for (group, dst) in symbols.chunks_exact(8).zip(out.chunks_exact_mut(bits)) {
+        let mut acc: u64 = 0;
+        for (k, &s) in group.iter().enumerate() {
+            acc |= u64::from(s) << (k * bits);
+        }
+        dst.copy_from_slice(&acc.to_le_bytes()[..bits]);
+    }
+    let done = groups * bits;
+    if let (Some(rest_in), Some(rest_out)) = (symbols.get(groups * 8..), out.get_mut(done..)) {
+        pack_bits(bits as u32, rest_in, rest_out);
     }
 }
 

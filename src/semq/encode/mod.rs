@@ -14,6 +14,7 @@ use rayon::prelude::*;
 use super::config::{Config, Operator};
 use super::encoding::{fill_u64_ids, fill_utf8_ids, Encoding, ImageBuilder};
 use super::error::{Result, SemqError};
+use super::identity::ContentHasher;
 use super::ids::{check_utf8_id, IdKind, IdList};
 use super::manifest::Manifest;
 use super::rows;
@@ -56,25 +57,123 @@ pub enum RowRejection {
 /// Flushes |x| < 2^-126 to +0.0 into `out`, then checks finiteness and
 /// the binary64 sum of squares against 1 ± 2^-10.
 pub fn admit(row: &[f32], out: &mut [f32]) -> Result<(), RowRejection> {
-    for (o, &x) in out.iter_mut().zip(row) {
-        *o = if x.abs() < f32::MIN_POSITIVE { 0.0 } else { x };
+    if !flush(row, out) {
+        if let Some(i) = out.iter().position(|x| !x.is_finite()) {
+            return Err(RowRejection::NotFinite(i));
+        }
     }
-    if let Some(i) = out.iter().position(|x| !x.is_finite()) {
-        return Err(RowRejection::NotFinite(i));
-    }
-    // In index order, each square exact, each addition rounded.
-    let mut s = 0.0f64;
-    for &x in out.iter() {
-        let x = f64::from(x);
-        s += x * x;
-    }
-    const TOL: f64 = 1.0 / 1024.0;
-    let d = s - 1.0;
-    if (-TOL..=TOL).contains(&d) {
+    if unit_norm(sum_of_squares(out)) {
         Ok(())
     } else {
         Err(RowRejection::NotUnitNorm)
     }
+}
+
+/// Flushes |x| < 2^-126 to +0.0 in one branch-free pass; false when some
+/// coordinate is not finite (its position is searched only then).
+#[inline]
+fn flush(row: &[f32], out: &mut [f32]) -> bool {
+    let mut all_finite = true;
+    for (o, &x) in out.iter_mut().zip(row) {
+        *o = if x.abs() < f32::MIN_POSITIVE { 0.0 } else { x };
+        all_finite &= x.is_finite();
+    }
+    all_finite
+}
+
+/// Σ x_i² in binary64, in index order: each square is exact, each
+/// addition rounds, so the order is part of the rule.
+#[inline]
+fn sum_of_squares(row: &[f32]) -> f64 {
+    let mut s = 0.0f64;
+    for &x in row {
+        let x = f64::from(x);
+        s += x * x;
+    }
+    s
+}
+
+/// The same sums for GROUP rows at once. Each row keeps its own in-order
+/// chain (identical results); running the chains side by side hides the
+/// latency of the dependent additions.
+#[inline]
+fn sums_of_squares(rows: &[f32], dim: usize) -> [f64; GROUP] {
+    let mut s = [0.0f64; GROUP];
+    if rows.len() == GROUP * dim {
+        let (a, rest) = rows.split_at(dim);
+        let (b, rest) = rest.split_at(dim);
+        let (c, d) = rest.split_at(dim);
+        for i in 0..dim {
+            let (xa, xb, xc, xd) = (
+                f64::from(a[i]),
+                f64::from(b[i]),
+                f64::from(c[i]),
+                f64::from(d[i]),
+            );
+            s[0] += xa * xa;
+            s[1] += xb * xb;
+            s[2] += xc * xc;
+            s[3] += xd * xd;
+        }
+    } else {
+        for (sum, row) in s.iter_mut().zip(rows.chunks_exact(dim)) {
+            *sum = sum_of_squares(row);
+        }
+    }
+    s
+}
+
+#[inline]
+fn unit_norm(s: f64) -> bool {
+    const TOL: f64 = 1.0 / 1024.0;
+    (-TOL..=TOL).contains(&(s - 1.0))
+}
+
+/// Rows handled together by one encoder step.
+const GROUP: usize = 4;
+
+/// Admits and encodes up to GROUP rows (consecutive in sorted order) into
+/// `dst`; returns the first rejection as (index in the group, input index,
+/// reason).
+fn encode_group(
+    codec: &Codec,
+    config: &Config,
+    vectors: &[f32],
+    inputs: &[usize],
+    flushed: &mut [f32],
+    symbols: &mut [u8],
+    dst: &mut [u8],
+) -> Option<(usize, usize, RowRejection)> {
+    let dim = config.dim() as usize;
+    let bpv = config.bytes_per_vector();
+    let mut finite = [true; GROUP];
+    for ((f, &input), out) in finite
+        .iter_mut()
+        .zip(inputs)
+        .zip(flushed.chunks_exact_mut(dim))
+    {
+        *f = flush(&vectors[input * dim..(input + 1) * dim], out);
+    }
+    let used = &flushed[..inputs.len() * dim];
+    let sums = sums_of_squares(used, dim);
+    for (r, (&input, row)) in inputs.iter().zip(used.chunks_exact(dim)).enumerate() {
+        if !finite[r] {
+            let c = row.iter().position(|x| !x.is_finite()).unwrap_or(0);
+            return Some((r, input, RowRejection::NotFinite(c)));
+        }
+        if !unit_norm(sums[r]) {
+            return Some((r, input, RowRejection::NotUnitNorm));
+        }
+        let out = &mut dst[r * bpv..(r + 1) * bpv];
+        match codec {
+            Codec::Quant(q) => q.encode_packed(row, out, config.bits_per_unit() as usize),
+            _ => {
+                codec.encode_row(row, symbols);
+                rows::pack(config, symbols, out);
+            }
+        }
+    }
+    None
 }
 
 /// Validates the ids (spec 6, step 2) and returns the input indices in
@@ -170,36 +269,74 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
 
     let codec = Codec::new(&config);
     let bpv = config.bytes_per_vector();
-    let units = config.units_per_row();
-    if bpv > 0 && n > 0 {
-        let first_error = builder
-            .rows_mut()
-            .par_chunks_mut(bpv)
-            .with_min_len(256)
-            .zip(order.par_iter())
-            .enumerate()
-            .map_init(
-                || (vec![0f32; dim], vec![0u8; units]),
-                |(flushed, symbols), (pos, (dst, &input))| {
-                    let src = &vectors[input * dim..(input + 1) * dim];
-                    match admit(src, flushed) {
-                        Ok(()) => {
-                            codec.encode_row(flushed, symbols);
-                            rows::pack(&config, symbols, dst);
-                            None
-                        }
-                        Err(r) => Some((pos, input, r)),
-                    }
-                },
-            )
-            .flatten()
-            .min_by_key(|(pos, _, _)| *pos);
-        if let Some((_, input, r)) = first_error {
-            return Err(row_error(input, r));
-        }
+    if bpv == 0 || n == 0 {
+        manifest?;
+        return Ok(builder.finish());
     }
+    // Rows are encoded block by block in sorted order; while one block is
+    // encoded (on every core), the previous one is hashed, so the single
+    // SHA-256 stream of the content digest costs no extra wall time.
+    let (prefix, rows_region) = builder.content_parts_mut();
+    let mut hasher = ContentHasher::new();
+    hasher.update(prefix);
+    let mut hashed_upto: Option<&[u8]> = None;
+    for (dst, inputs) in rows_region
+        .chunks_mut(BLOCK_ROWS * bpv)
+        .zip(order.chunks(BLOCK_ROWS))
+    {
+        let previous = hashed_upto.take();
+        let (first_error, ()) = rayon::join(
+            || encode_block(&codec, &config, vectors, inputs, dst),
+            || {
+                if let Some(p) = previous {
+                    hasher.update(p);
+                }
+            },
+        );
+        // Blocks go in sorted order, so the first failing block holds the
+        // smallest failing id.
+        if let Some((_, input, why)) = first_error {
+            return Err(row_error(input, why));
+        }
+        hashed_upto = Some(dst);
+    }
+    if let Some(p) = hashed_upto {
+        hasher.update(p);
+    }
+    let content = hasher.finish();
     manifest?;
-    Ok(builder.finish())
+    Ok(builder.finish_with_content_digest(content))
+}
+
+/// Rows per pipeline block (a few MiB of packed rows at typical dims).
+const BLOCK_ROWS: usize = 16384;
+
+/// Encodes one block of rows (consecutive in sorted order) in parallel;
+/// returns the first rejection in sorted order as (position in the block,
+/// input index, reason).
+fn encode_block(
+    codec: &Codec,
+    config: &Config,
+    vectors: &[f32],
+    inputs: &[usize],
+    dst: &mut [u8],
+) -> Option<(usize, usize, RowRejection)> {
+    let dim = config.dim() as usize;
+    let bpv = config.bytes_per_vector();
+    let units = config.units_per_row();
+    dst.par_chunks_mut(GROUP * bpv)
+        .with_min_len(16)
+        .zip(inputs.par_chunks(GROUP))
+        .enumerate()
+        .map_init(
+            || (vec![0f32; GROUP * dim], vec![0u8; units]),
+            |(flushed, symbols), (g, (dst, inputs))| {
+                encode_group(codec, config, vectors, inputs, flushed, symbols, dst)
+                    .map(|(r, input, why)| (g * GROUP + r, input, why))
+            },
+        )
+        .flatten()
+        .min_by_key(|(pos, _, _)| *pos)
 }
 
 /// Builds a state from caller-supplied packed rows (`rows` = ids.len() ×

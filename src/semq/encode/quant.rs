@@ -7,6 +7,8 @@ use crate::semq::config::Config;
 pub struct Quant {
     bins: u32,
     bins_f: f32,
+    /// bins − 1 as binary32 (exact).
+    top: f32,
     max_magnitude: f32,
 }
 
@@ -15,23 +17,66 @@ impl Quant {
         Quant {
             bins: config.param(),
             bins_f: config.param() as f32,
+            top: (config.param() - 1) as f32,
             max_magnitude: config.max_magnitude(),
         }
     }
 
     /// Symbol of one admitted (flushed, finite) coordinate. Two binary32
     /// operations, each rounded: Rust never contracts `a * b / c`.
+    ///
+    /// The clamp to bins − 1 is taken on t before the conversion: bins − 1
+    /// is an integer and t ≥ 0, so min(⌊t⌋, bins−1) = ⌊min(t, bins−1)⌋ and
+    /// truncation is the floor. Staying in binary32 until the end lets the
+    /// loop vectorize.
     #[inline]
     pub fn symbol(&self, x: f32) -> u8 {
-        let sign = u32::from(x >= 0.0);
+        let top = self.top;
         let m = x.abs();
-        let bin = if m >= self.max_magnitude {
-            self.bins - 1
+        let t = (m * self.bins_f) / self.max_magnitude;
+        let t = if m >= self.max_magnitude || t >= top {
+            top
         } else {
-            let t = (m * self.bins_f) / self.max_magnitude;
-            (t.floor() as u32).min(self.bins - 1)
+            t
         };
+        let bin = t as i32 as u32;
+        let sign = u32::from(x >= 0.0);
         (sign * self.bins + bin) as u8
+    }
+
+    /// Encodes and packs one admitted row straight into its packed form:
+    /// eight b-bit symbols fill exactly b bytes, so each block of eight
+    /// coordinates becomes one u64 store without a symbol buffer.
+    pub fn encode_packed(&self, row: &[f32], out: &mut [u8], bits: usize) {
+        let mut blocks = row.chunks_exact(8);
+        let mut outs = out.chunks_exact_mut(bits);
+        for (block, dst) in (&mut blocks).zip(&mut outs) {
+            let mut s = [0u8; 8];
+            for (o, &x) in s.iter_mut().zip(block) {
+                *o = self.symbol(x);
+            }
+            let mut acc = 0u64;
+            for (k, &v) in s.iter().enumerate() {
+                acc |= u64::from(v) << (k * bits);
+            }
+            dst.copy_from_slice(&acc.to_le_bytes()[..bits]);
+        }
+        let tail = blocks.remainder();
+        if !tail.is_empty() {
+            let mut s = [0u8; 8];
+            for (o, &x) in s.iter_mut().zip(tail) {
+                *o = self.symbol(x);
+            }
+            let mut acc = 0u64;
+            for (k, &v) in s.iter().take(tail.len()).enumerate() {
+                acc |= u64::from(v) << (k * bits);
+            }
+            let start = (row.len() / 8) * bits;
+            let bytes = acc.to_le_bytes();
+            for (d, b) in out.iter_mut().skip(start).zip(bytes) {
+                *d = b;
+            }
+        }
     }
 
     pub fn encode_row(&self, row: &[f32], symbols: &mut [u8]) {
