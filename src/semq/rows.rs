@@ -150,34 +150,44 @@ pub fn can_be_non_canonical(config: &Config) -> bool {
 pub fn check_canonical(config: &Config, row: &[u8]) -> Result<(), RowFault> {
     let alphabet = config.alphabet();
     match config.operator() {
-        Operator::Orbit => match row.iter().position(|&b| u32::from(b) >= alphabet) {
-            Some(unit) => Err(RowFault { unit: Some(unit) }),
-            None => Ok(()),
-        },
+        // The common case (canonical) is decided by a branch-free maximum,
+        // which vectorizes; the offending unit is searched only on failure.
+        Operator::Orbit => {
+            if u32::from(row.iter().fold(0u8, |m, &b| m.max(b))) < alphabet {
+                return Ok(());
+            }
+            Err(RowFault {
+                unit: row.iter().position(|&b| u32::from(b) >= alphabet),
+            })
+        }
         Operator::Phase if config.param() <= 16 => {
             if alphabet == 16 {
                 return Ok(());
             }
-            for (i, &byte) in row.iter().enumerate() {
-                if u32::from(byte & 0x0f) >= alphabet {
-                    return Err(RowFault { unit: Some(2 * i) });
-                }
-                if u32::from(byte >> 4) >= alphabet {
-                    return Err(RowFault {
-                        unit: Some(2 * i + 1),
-                    });
-                }
-            }
-            Ok(())
-        }
-        Operator::Phase => {
-            if alphabet == 256 {
+            let (lo, hi) = row.iter().fold((0u8, 0u8), |(lo, hi), &b| {
+                (lo.max(b & 0x0f), hi.max(b >> 4))
+            });
+            if u32::from(lo.max(hi)) < alphabet {
                 return Ok(());
             }
-            match row.iter().position(|&b| u32::from(b) >= alphabet) {
-                Some(unit) => Err(RowFault { unit: Some(unit) }),
-                None => Ok(()),
+            let unit = row.iter().enumerate().find_map(|(i, &byte)| {
+                if u32::from(byte & 0x0f) >= alphabet {
+                    Some(2 * i)
+                } else if u32::from(byte >> 4) >= alphabet {
+                    Some(2 * i + 1)
+                } else {
+                    None
+                }
+            });
+            Err(RowFault { unit })
+        }
+        Operator::Phase => {
+            if alphabet == 256 || u32::from(row.iter().fold(0u8, |m, &b| m.max(b))) < alphabet {
+                return Ok(());
             }
+            Err(RowFault {
+                unit: row.iter().position(|&b| u32::from(b) >= alphabet),
+            })
         }
         Operator::Quant => {
             let bits = config.bits_per_unit();

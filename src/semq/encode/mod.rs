@@ -179,34 +179,32 @@ fn encode_group(
 /// Validates the ids (spec 6, step 2) and returns the input indices in
 /// sorted id order.
 fn sorted_order(ids: &IdList) -> Result<Vec<usize>> {
-    let mut order: Vec<usize> = (0..ids.len()).collect();
+    let duplicate = |later: usize| SemqError::invalid_at("duplicate id", Some(later as u64), None);
     match ids {
         IdList::U64(v) => {
-            order.par_sort_by_key(|&i| v[i]);
-            if let Some(w) = order.windows(2).find(|w| v[w[0]] == v[w[1]]) {
-                return Err(SemqError::invalid_at(
-                    "duplicate id",
-                    Some(w[1] as u64),
-                    None,
-                ));
+            // Sorting (id, input index) pairs keeps the keys next to each
+            // other in memory; the index makes the unstable sort put equal
+            // ids in input order, exactly as a stable sort would.
+            let mut keyed: Vec<(u64, usize)> = v.iter().copied().zip(0..).collect();
+            keyed.par_sort_unstable();
+            if let Some(w) = keyed.windows(2).find(|w| w[0].0 == w[1].0) {
+                return Err(duplicate(w[1].1));
             }
+            Ok(keyed.into_iter().map(|(_, i)| i).collect())
         }
         IdList::Utf8(v) => {
             for (i, id) in v.iter().enumerate() {
                 check_utf8_id(id)
                     .map_err(|f| SemqError::invalid_at(f.message(), Some(i as u64), None))?;
             }
+            let mut order: Vec<usize> = (0..v.len()).collect();
             order.par_sort_by(|&a, &b| v[a].cmp(&v[b]));
             if let Some(w) = order.windows(2).find(|w| v[w[0]] == v[w[1]]) {
-                return Err(SemqError::invalid_at(
-                    "duplicate id",
-                    Some(w[1] as u64),
-                    None,
-                ));
+                return Err(duplicate(w[1]));
             }
+            Ok(order)
         }
     }
-    Ok(order)
 }
 
 fn row_error(input_index: usize, r: RowRejection) -> SemqError {
