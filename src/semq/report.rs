@@ -171,6 +171,84 @@ pub fn diff_json(d: &Diff, gate: Option<(bool, &Verdict)>) -> String {
     out
 }
 
+/// The stdout of `semq show FILE --limit N` (human form). A negative
+/// limit prints the raw minimum and lists no ids, like upstream.
+pub fn show_text(e: &Encoding, limit: i64) -> String {
+    let c = e.config();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "config:         {} dim={} {}={}",
+        c.operator().name(),
+        c.dim(),
+        c.operator().param_name(),
+        c.param()
+    );
+    let _ = writeln!(out, "id_kind:        {}", e.id_kind().name());
+    let _ = writeln!(out, "rows:           {}", e.len());
+    let _ = writeln!(out, "content_digest: {}", to_hex(e.content_digest()));
+    let _ = writeln!(out, "state_id:       {}", to_hex(e.state_id()));
+    let _ = writeln!(out, "manifest:       {} pair(s)", e.manifest().len());
+    for (k, v) in e.manifest().pairs() {
+        let _ = writeln!(out, "  {} = {}", escape_human(k), escape_human(v));
+    }
+    let n = e.len() as i64;
+    let shown = n.min(limit);
+    let _ = writeln!(out, "ids:            first {shown} of {n}");
+    for id in e.ids().take(usize::try_from(shown).unwrap_or(0)) {
+        let _ = writeln!(out, "  {}", escape_human(&id.to_string()));
+    }
+    out
+}
+
+/// The stdout of `semq diff REF NEW --limit N` (human form), without the
+/// gate lines (see [`gate_text`]). A negative limit lists no ids.
+pub fn diff_text(d: &Diff, limit: i64) -> String {
+    let take = usize::try_from(limit).unwrap_or(0);
+    let mut out = String::new();
+    let _ = writeln!(out, "reference_id:  {}", to_hex(&d.reference_id));
+    let _ = writeln!(out, "candidate_id:  {}", to_hex(&d.candidate_id));
+    let _ = writeln!(out, "added:         {}", d.added.len());
+    for id in d.added.iter().take(take) {
+        let _ = writeln!(out, "  + {}", escape_human(&id.to_string()));
+    }
+    let _ = writeln!(out, "removed:       {}", d.removed.len());
+    for id in d.removed.iter().take(take) {
+        let _ = writeln!(out, "  - {}", escape_human(&id.to_string()));
+    }
+    let _ = writeln!(out, "changed:       {}", d.changed.len());
+    for (id, h) in d.changed.iter().take(take) {
+        let _ = writeln!(out, "  ~ {} hamming={h}", escape_human(&id.to_string()));
+    }
+    let _ = writeln!(out, "unchanged:     {}", d.n_unchanged);
+    let _ = writeln!(out, "manifest:      {} change(s)", d.manifest_changes.len());
+    let side = |v: &Option<String>| match v {
+        Some(s) => escape_human(s).into_owned(),
+        None => "<absent>".to_owned(),
+    };
+    for c in &d.manifest_changes {
+        let _ = writeln!(
+            out,
+            "  {}: {} -> {}",
+            escape_human(&c.key),
+            side(&c.before),
+            side(&c.after)
+        );
+    }
+    out
+}
+
+/// The gate lines that follow [`diff_text`] with `--floor`: `within` (the
+/// base verdict) and, with `--per-row`, `passed` (the full verdict).
+pub fn gate_text(within: bool, passed: Option<bool>) -> String {
+    let py = |b: bool| if b { "True" } else { "False" };
+    let mut out = format!("within:        {}\n", py(within));
+    if let Some(p) = passed {
+        let _ = writeln!(out, "passed:        {}", py(p));
+    }
+    out
+}
+
 /// Human output escaping: every Unicode Cc character (U+0000..U+001F,
 /// U+007F..U+009F) becomes `\uXXXX` in lowercase hex; nothing else changes.
 pub fn escape_human(s: &str) -> Cow<'_, str> {
