@@ -451,38 +451,66 @@ impl Encoding {
     /// Representatives of every unit (decode), n × dim binary32 values in
     /// sorted id order. Not normalized; outside the byte contract.
     pub fn decode(&self) -> Vec<f32> {
+        self.decode_rows(0..self.len())
+    }
+
+    /// Representatives of the rows at sorted indices `rows` (clamped to
+    /// the Encoding), rows.len() × dim binary32 values.
+    pub fn decode_rows(&self, rows: std::ops::Range<usize>) -> Vec<f32> {
         let config = self.config();
         let dim = config.dim() as usize;
         let units = config.units_per_row();
-        let symbols = self.unpack();
-        let mut out = vec![0f32; self.len() * dim];
-        match Codec::new(&config) {
+        let end = rows.end.min(self.len());
+        let start = rows.start.min(end);
+        let mut symbols = vec![0u8; units];
+        let mut out = vec![0f32; (end - start) * dim];
+        let table = Representatives::new(&config);
+        for (i, dst) in (start..end).zip(out.chunks_exact_mut(dim)) {
+            if let Some(row) = self.row(i) {
+                rows::unpack(&config, row, &mut symbols);
+                table.fill(&symbols, dst);
+            }
+        }
+        out
+    }
+}
+
+/// One representative per symbol, computed once per decode.
+enum Representatives {
+    /// One value per coordinate (quant, orbit).
+    Scalar(Vec<f32>),
+    /// One (x, y) pair per coordinate pair (phase).
+    Pair(Vec<(f32, f32)>),
+}
+
+impl Representatives {
+    fn new(config: &Config) -> Representatives {
+        let symbols = 0..config.alphabet();
+        match Codec::new(config) {
             Codec::Quant(q) => {
-                let table: Vec<f32> = (0..config.alphabet())
-                    .map(|s| q.representative(s as u8))
-                    .collect();
-                for (o, &s) in out.iter_mut().zip(&symbols) {
-                    *o = table.get(usize::from(s)).copied().unwrap_or(0.0);
-                }
+                Representatives::Scalar(symbols.map(|s| q.representative(s as u8)).collect())
             }
             Codec::Orbit(o) => {
-                let table: Vec<f32> = (0..config.alphabet())
-                    .map(|s| o.representative(s as u8))
-                    .collect();
-                for (v, &s) in out.iter_mut().zip(&symbols) {
-                    *v = table.get(usize::from(s)).copied().unwrap_or(0.0);
+                Representatives::Scalar(symbols.map(|s| o.representative(s as u8)).collect())
+            }
+            Codec::Phase(p) => Representatives::Pair(p.representatives()),
+        }
+    }
+
+    fn fill(&self, symbols: &[u8], out: &mut [f32]) {
+        match self {
+            Representatives::Scalar(t) => {
+                for (o, &s) in out.iter_mut().zip(symbols) {
+                    *o = t.get(usize::from(s)).copied().unwrap_or(0.0);
                 }
             }
-            Codec::Phase(p) => {
-                let table = p.representatives();
-                for (pair, &s) in out.chunks_exact_mut(2).zip(&symbols) {
-                    let (x, y) = table.get(usize::from(s)).copied().unwrap_or((0.0, 0.0));
+            Representatives::Pair(t) => {
+                for (pair, &s) in out.chunks_exact_mut(2).zip(symbols) {
+                    let (x, y) = t.get(usize::from(s)).copied().unwrap_or((0.0, 0.0));
                     pair[0] = x;
                     pair[1] = y;
                 }
             }
         }
-        debug_assert_eq!(symbols.len(), self.len() * units);
-        out
     }
 }
