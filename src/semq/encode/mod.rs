@@ -176,6 +176,17 @@ fn encode_group(
     None
 }
 
+/// Rust never changes the rounding mode, but foreign code in the process
+/// could; the encoder's bits depend on round-to-nearest (spec 6, step 1).
+/// 1 + 0.75·ε rounds up only under nearest and upward, −1 − 0.75·ε rounds
+/// away from zero only under nearest and downward: both hold only under
+/// nearest. `black_box` keeps the sums from being folded at compile time.
+fn rounding_is_to_nearest() -> bool {
+    let one = std::hint::black_box(1.0f64);
+    let tiny = std::hint::black_box(0.75 * f64::EPSILON);
+    one + tiny == 1.0 + f64::EPSILON && -one - tiny == -1.0 - f64::EPSILON
+}
+
 /// Validates the ids (spec 6, step 2) and returns the input indices in
 /// sorted id order.
 fn sorted_order(ids: &IdList) -> Result<Vec<usize>> {
@@ -257,6 +268,11 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     let n = ids.len();
     if n.checked_mul(dim) != Some(vectors.len()) {
         return Err(SemqError::invalid("vectors must hold n × dim values"));
+    }
+    if !rounding_is_to_nearest() {
+        return Err(SemqError::Unsupported {
+            operation: "encode needs the round-to-nearest floating-point mode".into(),
+        });
     }
     let order = sorted_order(ids)?;
     let manifest = Manifest::from_pairs(pairs);
@@ -442,7 +458,8 @@ pub fn from_symbols<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     from_rows(config, ids, &packed, pairs)
 }
 
-/// Which kind an empty id list has is given by the `IdList` variant.
+/// The state with no rows of this config, id kind and manifest (the
+/// neutral element of concat).
 pub fn empty(config: Config, kind: IdKind, manifest: Manifest) -> Result<Encoding> {
     Ok(ImageBuilder::new(config, kind, 0, 0, manifest)?.finish())
 }
