@@ -393,3 +393,24 @@ pub(crate) fn fill_utf8_ids<'a>(dst: &mut [u8], n: usize, ids: impl Iterator<Ite
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_can_be_shared_across_threads() {
+        fn shared<T: Send + Sync + Clone>() {}
+        shared::<Encoding>();
+    }
+
+    #[test]
+    fn header_layout() {
+        let c = Config::quant(4, 4).unwrap();
+        let h = Encoding::header_bytes(&c, IdKind::Utf8, 3);
+        assert_eq!(&h[..6], b"SEMQ\x02\x00");
+        assert_eq!(h[6..19], c.to_bytes());
+        assert_eq!(h[19], 1);
+        assert_eq!(h[20..28], 3u64.to_le_bytes());
+    }
+}
