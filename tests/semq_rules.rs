@@ -222,3 +222,53 @@ fn reader_reports_sections_for_hand_made_images() {
     );
     assert_eq!(Encoding::from_slice(&good).unwrap(), e);
 }
+
+/// Deterministic unit vectors (xorshift, normalized in binary64).
+fn unit_rows(n: usize, dim: usize, seed: u64) -> Vec<f32> {
+    let mut x = seed | 1;
+    let mut out = Vec::with_capacity(n * dim);
+    for _ in 0..n {
+        let v: Vec<f64> = (0..dim)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+            })
+            .collect();
+        let norm = v.iter().map(|a| a * a).sum::<f64>().sqrt();
+        out.extend(v.iter().map(|a| (a / norm) as f32));
+    }
+    out
+}
+
+#[test]
+fn encoding_many_blocks_matches_building_from_the_same_symbols() {
+    // 4096 × 7 bits = 3584 bytes per row: a 4 MiB block holds ~1170 rows,
+    // so 3000 rows span three pipeline blocks.
+    let (n, dim) = (3000usize, 4096usize);
+    let c = Config::quant(dim as u32, 64).unwrap();
+    let vectors = unit_rows(n, dim, 7);
+    let ids: Vec<u64> = (0..n as u64)
+        .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .collect();
+    let e = semq::encode(c, &IdList::U64(ids.clone()), &vectors, &[("encoder", "t")]).unwrap();
+    let mut sorted = ids.clone();
+    sorted.sort_unstable();
+    let rebuilt =
+        semq::from_symbols(c, &IdList::U64(sorted), &e.unpack(), &[("encoder", "t")]).unwrap();
+    assert_eq!(rebuilt.image(), e.image());
+
+    // Bad rows in the second and third block: the smaller id is reported.
+    let order = {
+        let mut o: Vec<usize> = (0..n).collect();
+        o.sort_by_key(|&i| ids[i]);
+        o
+    };
+    let (second, third) = (order[1500], order[2900]);
+    let mut bad = vectors.clone();
+    bad[third * dim] = f32::INFINITY;
+    bad[second * dim + 3] = 2.0;
+    let err = semq::encode(c, &IdList::U64(ids), &bad, NONE).unwrap_err();
+    assert_eq!((err.row(), err.field()), (Some(second as u64), None));
+}

@@ -294,9 +294,10 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     let mut hasher = ContentHasher::new();
     hasher.update(prefix);
     let mut hashed_upto: Option<&[u8]> = None;
+    let block_rows = (BLOCK_BYTES / bpv).max(GROUP);
     for (dst, inputs) in rows_region
-        .chunks_mut(BLOCK_ROWS * bpv)
-        .zip(order.chunks(BLOCK_ROWS))
+        .chunks_mut(block_rows * bpv)
+        .zip(order.chunks(block_rows))
     {
         let previous = hashed_upto.take();
         let (first_error, ()) = rayon::join(
@@ -322,8 +323,9 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     Ok(builder.finish_with_content_digest(content))
 }
 
-/// Rows per pipeline block (a few MiB of packed rows at typical dims).
-const BLOCK_ROWS: usize = 16384;
+/// Packed bytes per pipeline block: large enough to keep both cores busy,
+/// small enough that the last block's hash is a short tail.
+const BLOCK_BYTES: usize = 4 << 20;
 
 /// Encodes one block of rows (consecutive in sorted order) in parallel;
 /// returns the first rejection in sorted order as (position in the block,
