@@ -533,3 +533,50 @@ impl Representatives {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admit_follows_the_spec_order() {
+        let mut out = [0f32; 4];
+        assert_eq!(admit(&[1.0, 2f32.powi(-5), 0.0, 0.0], &mut out), Ok(()));
+        assert_eq!(
+            admit(&[1.0, f32::from_bits(0x3d01_6f00), 0.0, 0.0], &mut out),
+            Err(RowRejection::NotUnitNorm)
+        );
+        // A NaN is reported with its coordinate even when the norm is bad.
+        assert_eq!(
+            admit(&[5.0, 0.0, f32::NAN, f32::INFINITY], &mut out),
+            Err(RowRejection::NotFinite(2))
+        );
+        assert_eq!(
+            admit(&[f32::from_bits(1), -0.0, 1.0, 0.0], &mut out),
+            Ok(())
+        );
+        assert_eq!(out.map(f32::to_bits), [0, 0, 1.0f32.to_bits(), 0]);
+    }
+
+    #[test]
+    fn grouped_sums_equal_single_sums() {
+        let dim = 37;
+        let rows: Vec<f32> = (0..GROUP * dim)
+            .map(|i| ((i * 7919) % 1000) as f32 / 997.0 - 0.5)
+            .collect();
+        let grouped = sums_of_squares(&rows, dim);
+        for (r, row) in rows.chunks_exact(dim).enumerate() {
+            assert_eq!(grouped[r].to_bits(), sum_of_squares(row).to_bits());
+        }
+        let partial = sums_of_squares(&rows[..2 * dim], dim);
+        assert_eq!(
+            partial[1].to_bits(),
+            sum_of_squares(&rows[dim..2 * dim]).to_bits()
+        );
+    }
+
+    #[test]
+    fn rounding_mode_is_nearest_here() {
+        assert!(rounding_is_to_nearest());
+    }
+}
