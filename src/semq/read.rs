@@ -1,6 +1,7 @@
 //! Reading an image: validation in the exact order of spec section 4.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
 use super::config::{Config, CONFIG_LEN};
@@ -31,10 +32,12 @@ impl Encoding {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let mut file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < MAP_THRESHOLD {
-            let bytes = std::fs::read(path).map_err(io)?;
+            // len is below the threshold, so reserving it is bounded.
+            let mut bytes = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut bytes).map_err(io)?;
             return Encoding::from_vec(bytes);
         }
         // SAFETY: the map is read-only and only ever read through slices;
