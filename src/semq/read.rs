@@ -43,7 +43,15 @@ impl Encoding {
         // SAFETY: the map is read-only and only ever read through slices;
         // the documented contract is that the file is not modified while
         // mapped (a truncation could otherwise fault on access).
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io)?;
+        let map = match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
+            Ok(map) => map,
+            // Some filesystems and special files cannot be mapped: read them.
+            Err(_) => {
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes).map_err(io)?;
+                return Encoding::from_vec(bytes);
+            }
+        };
         let (layout, manifest, content, state) = validate(&map)?;
         Ok(Encoding::from_parts(
             Image::Mapped(map),
