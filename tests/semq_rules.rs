@@ -272,3 +272,58 @@ fn encoding_many_blocks_matches_building_from_the_same_symbols() {
     let err = semq::encode(c, &IdList::U64(ids), &bad, NONE).unwrap_err();
     assert_eq!((err.row(), err.field()), (Some(second as u64), None));
 }
+
+#[test]
+fn reader_survives_damaged_fixture_files() {
+    let root = std::path::PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../shared/conformance/semq"
+    ));
+    let mut files = Vec::new();
+    for dir in ["files", "diff", "corrupt", "concat", "floor"] {
+        for entry in std::fs::read_dir(root.join(dir)).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "semq") {
+                files.push(path);
+            }
+        }
+    }
+    assert!(files.len() > 50);
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for path in files {
+        let good = std::fs::read(&path).unwrap();
+        if good.is_empty() {
+            continue;
+        }
+        for _ in 0..40 {
+            let mut bytes = good.clone();
+            let flips = 1 + next() % 3;
+            for _ in 0..flips {
+                // Mostly the header and section boundaries, sometimes anywhere.
+                let p = if next() % 2 == 0 {
+                    next() as usize % bytes.len().min(64)
+                } else {
+                    next() as usize % bytes.len()
+                };
+                bytes[p] ^= (next() as u8) | 1;
+            }
+            let cut = if next() % 4 == 0 {
+                next() as usize % (bytes.len() + 1)
+            } else {
+                bytes.len()
+            };
+            let bytes = &bytes[..cut];
+            if let Ok(e) = Encoding::from_slice(bytes) {
+                // Whatever is accepted is a complete, self-consistent image.
+                assert_eq!(e.image(), bytes, "{}", path.display());
+                assert_eq!(Encoding::from_slice(e.image()).unwrap(), e);
+            }
+        }
+    }
+}

@@ -22,10 +22,14 @@ impl Orbit {
         // floor(p) without a libm call: |p| < 2^31 for admitted rows, where
         // truncation and the conversions are exact.
         let t = p as i64;
-        let fi = if (t as f64) > p { t - 1 } else { t };
+        let fi = if (t as f64) > p {
+            t.saturating_sub(1)
+        } else {
+            t
+        };
         let r = p - fi as f64;
         let m = if r > 0.5 || (r == 0.5 && fi % 2 != 0) {
-            fi + 1
+            fi.saturating_add(1)
         } else {
             fi
         };
