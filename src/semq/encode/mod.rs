@@ -166,7 +166,7 @@ fn encode_group(
         }
         let out = &mut dst[r * bpv..(r + 1) * bpv];
         match codec {
-            Codec::Quant(q) => q.encode_packed(row, out, config.bits_per_unit() as usize),
+            Codec::Quant(q) => q.encode_packed(row, out),
             _ => {
                 codec.encode_row(row, symbols);
                 rows::pack(config, symbols, out);

@@ -14,6 +14,8 @@ pub struct Quant {
     /// bins − 1 as binary32 (exact).
     top: f32,
     max_magnitude: f32,
+    /// Bits per packed symbol (2..=7).
+    bits: usize,
     /// `thresholds[k − 1]` is the smallest binary32 m ≥ 0 whose bin is at
     /// least k (k = 1..bins−1), when bins ≤ THRESHOLD_BINS.
     thresholds: Vec<f32>,
@@ -26,6 +28,7 @@ impl Quant {
             bins_f: config.param() as f32,
             top: (config.param() - 1) as f32,
             max_magnitude: config.max_magnitude(),
+            bits: config.bits_per_unit() as usize,
             thresholds: Vec::new(),
         };
         if q.bins <= THRESHOLD_BINS {
@@ -82,7 +85,8 @@ impl Quant {
     /// Encodes and packs one admitted row straight into its packed form:
     /// eight b-bit symbols fill exactly b bytes, so each block of eight
     /// coordinates becomes one u64 store without a symbol buffer.
-    pub fn encode_packed(&self, row: &[f32], out: &mut [u8], bits: usize) {
+    pub(crate) fn encode_packed(&self, row: &[f32], out: &mut [u8]) {
+        let bits = self.bits;
         let mut blocks = row.chunks_exact(8);
         let mut outs = out.chunks_exact_mut(bits);
         for (block, dst) in (&mut blocks).zip(&mut outs) {
