@@ -327,3 +327,29 @@ fn reader_survives_damaged_fixture_files() {
         }
     }
 }
+
+#[test]
+fn progress_reaches_the_total() {
+    use std::sync::Mutex;
+    let (n, dim) = (3000usize, 4096usize);
+    let c = Config::quant(dim as u32, 64).unwrap();
+    let ids: Vec<u64> = (0..n as u64).collect();
+    let seen = Mutex::new(Vec::new());
+    let record = |done: u64, total: u64| seen.lock().unwrap().push((done, total));
+    let e = semq::encode_with_progress(c, &IdList::U64(ids), &unit_rows(n, dim, 3), NONE, &record)
+        .unwrap();
+    let reports = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(reports.len() >= 2, "{reports:?}");
+    assert!(reports.windows(2).all(|w| w[0].0 < w[1].0));
+    assert_eq!(reports.last(), Some(&(n as u64, n as u64)));
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.semq");
+    e.write(&path).unwrap();
+    let back = Encoding::open_with_progress(&path, &record).unwrap();
+    assert_eq!(back, e);
+    let reports = seen.into_inner().unwrap();
+    let s_len = (e.image().len() - 6 - 64 - e.manifest_section().len()) as u64;
+    assert!(!reports.is_empty());
+    assert_eq!(reports.last(), Some(&(s_len, s_len)));
+}

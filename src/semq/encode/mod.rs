@@ -17,6 +17,7 @@ use super::error::{Result, SemqError};
 use super::identity::ContentHasher;
 use super::ids::{check_utf8_id, IdKind, IdList};
 use super::manifest::Manifest;
+use super::read::Progress;
 use super::rows;
 
 /// The operator of a config with its precomputed constants.
@@ -264,6 +265,17 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     vectors: &[f32],
     pairs: &[(K, V)],
 ) -> Result<Encoding> {
+    encode_with_progress(config, ids, vectors, pairs, &|_, _| {})
+}
+
+/// [`encode`], reporting (rows encoded, rows) after each block of rows.
+pub fn encode_with_progress<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+    config: Config,
+    ids: &IdList,
+    vectors: &[f32],
+    pairs: &[(K, V)],
+    progress: Progress<'_>,
+) -> Result<Encoding> {
     let dim = config.dim() as usize;
     let n = ids.len();
     if n.checked_mul(dim) != Some(vectors.len()) {
@@ -295,6 +307,7 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
     hasher.update(prefix);
     let mut hashed_upto: Option<&[u8]> = None;
     let block_rows = (BLOCK_BYTES / bpv).max(GROUP);
+    let mut rows_done = 0u64;
     for (dst, inputs) in rows_region
         .chunks_mut(block_rows * bpv)
         .zip(order.chunks(block_rows))
@@ -313,6 +326,8 @@ pub fn encode<K: AsRef<[u8]>, V: AsRef<[u8]>>(
         if let Some((_, input, why)) = first_error {
             return Err(row_error(input, why));
         }
+        rows_done += inputs.len() as u64;
+        progress(rows_done, n as u64);
         hashed_upto = Some(dst);
     }
     if let Some(p) = hashed_upto {
