@@ -57,6 +57,9 @@ pub fn concat(parts: &[Encoding]) -> Result<Encoding> {
     let Some(first) = parts.first() else {
         return Err(SemqError::invalid("concat needs at least one part"));
     };
+    // Every part's config and kind first (Incompatible), then manifests
+    // (InvalidInput): the spec names the first offending part for the
+    // former and lists the manifest rule after it.
     for (k, p) in parts.iter().enumerate().skip(1) {
         if p.config() != first.config() {
             return Err(SemqError::incompatible(
@@ -70,13 +73,16 @@ pub fn concat(parts: &[Encoding]) -> Result<Encoding> {
                 Some(k as u64),
             ));
         }
-        if p.manifest_section() != first.manifest_section() {
-            return Err(SemqError::invalid_at(
-                "parts have different manifests",
-                None,
-                Some(k as u64),
-            ));
-        }
+    }
+    if let Some(k) = parts
+        .iter()
+        .position(|p| p.manifest_section() != first.manifest_section())
+    {
+        return Err(SemqError::invalid_at(
+            "parts have different manifests",
+            None,
+            Some(k as u64),
+        ));
     }
 
     let total: usize = parts.iter().map(Encoding::len).sum();

@@ -1,6 +1,9 @@
 //! Diff of two states (spec 9).
 
 use std::cmp::Ordering;
+use std::ops::Range;
+
+use rayon::prelude::*;
 
 use super::config::Config;
 use super::encoding::Encoding;
@@ -138,6 +141,77 @@ fn cmp_ids(a: &Encoding, i: usize, b: &Encoding, j: usize) -> Ordering {
     }
 }
 
+/// Reference rows per parallel merge range.
+const MERGE_RANGE_ROWS: usize = 1 << 16;
+
+#[derive(Default)]
+struct MergePart {
+    added: Vec<Id>,
+    removed: Vec<Id>,
+    changed: Vec<(Id, u64)>,
+    n_unchanged: u64,
+}
+
+/// The first candidate index whose id is not below reference id `i`.
+fn lower_bound(candidate: &Encoding, reference: &Encoding, i: usize) -> usize {
+    let (mut lo, mut hi) = (0usize, candidate.len());
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if cmp_ids(candidate, mid, reference, i) == Ordering::Less {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// The sequential merge of reference rows `a` with candidate rows `b`.
+fn merge_range(
+    reference: &Encoding,
+    candidate: &Encoding,
+    config: &Config,
+    a: Range<usize>,
+    b: Range<usize>,
+) -> MergePart {
+    let mut p = MergePart::default();
+    let (mut i, mut j) = (a.start, b.start);
+    while i < a.end || j < b.end {
+        let order = if i == a.end {
+            Ordering::Greater
+        } else if j == b.end {
+            Ordering::Less
+        } else {
+            cmp_ids(reference, i, candidate, j)
+        };
+        match order {
+            Ordering::Less => {
+                p.removed.push(owned_id(reference, i));
+                i += 1;
+            }
+            Ordering::Greater => {
+                p.added.push(owned_id(candidate, j));
+                j += 1;
+            }
+            Ordering::Equal => {
+                let (ra, rb) = (
+                    reference.row(i).unwrap_or(&[]),
+                    candidate.row(j).unwrap_or(&[]),
+                );
+                if ra == rb {
+                    p.n_unchanged += 1;
+                } else {
+                    p.changed
+                        .push((owned_id(reference, i), rows::hamming(config, ra, rb)));
+                }
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    p
+}
+
 fn owned_id(e: &Encoding, i: usize) -> Id {
     e.id(i).map(|r| r.to_owned()).unwrap_or(Id::U64(0))
 }
@@ -146,6 +220,11 @@ impl Encoding {
     /// `self.diff(candidate)`: requires equal configs, then equal id kinds
     /// (Incompatible otherwise). Equal content digests skip the row scan.
     pub fn diff(&self, candidate: &Encoding) -> Result<Diff> {
+        self.diff_in_ranges(candidate, MERGE_RANGE_ROWS)
+    }
+
+    fn diff_in_ranges(&self, candidate: &Encoding, range_rows: usize) -> Result<Diff> {
+        let range_rows = range_rows.max(1);
         check_compatible(self, candidate)?;
         let config = self.config();
         let mut d = Diff {
@@ -165,37 +244,35 @@ impl Encoding {
             d.n_unchanged = self.len() as u64;
             return Ok(d);
         }
+        // The merge is split into ranges of reference rows; each range
+        // takes the candidate rows from the lower bound of its first id to
+        // the lower bound of the next range's first id, so the ranges
+        // partition both sides and their results concatenate in id order.
         let (na, nb) = (self.len(), candidate.len());
-        let (mut i, mut j) = (0usize, 0usize);
-        while i < na || j < nb {
-            let order = if i == na {
-                Ordering::Greater
-            } else if j == nb {
-                Ordering::Less
+        let ranges = na.div_ceil(range_rows).max(1);
+        let bound = |k: usize| -> (usize, usize) {
+            if k == 0 {
+                (0, 0)
+            } else if k >= ranges {
+                (na, nb)
             } else {
-                cmp_ids(self, i, candidate, j)
-            };
-            match order {
-                Ordering::Less => {
-                    d.removed.push(owned_id(self, i));
-                    i += 1;
-                }
-                Ordering::Greater => {
-                    d.added.push(owned_id(candidate, j));
-                    j += 1;
-                }
-                Ordering::Equal => {
-                    let (ra, rb) = (self.row(i).unwrap_or(&[]), candidate.row(j).unwrap_or(&[]));
-                    if ra == rb {
-                        d.n_unchanged += 1;
-                    } else {
-                        d.changed
-                            .push((owned_id(self, i), rows::hamming(&config, ra, rb)));
-                    }
-                    i += 1;
-                    j += 1;
-                }
+                let i = k * range_rows;
+                (i, lower_bound(candidate, self, i))
             }
+        };
+        let parts: Vec<MergePart> = (0..ranges)
+            .into_par_iter()
+            .map(|k| {
+                let (i0, j0) = bound(k);
+                let (i1, j1) = bound(k + 1);
+                merge_range(self, candidate, &config, i0..i1, j0..j1)
+            })
+            .collect();
+        for p in parts {
+            d.added.extend(p.added);
+            d.removed.extend(p.removed);
+            d.changed.extend(p.changed);
+            d.n_unchanged += p.n_unchanged;
         }
         Ok(d)
     }
@@ -219,5 +296,34 @@ impl Encoding {
             .filter(|(_, (x, y))| x != y)
             .map(|(u, (x, y))| (u, *x, *y))
             .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::semq::{from_symbols, Config, IdList};
+
+    #[test]
+    fn ranged_merge_equals_one_merge() {
+        let config = Config::quant(8, 4).unwrap();
+        let a_ids: Vec<u64> = (0..1000u64).map(|i| i * 3).collect();
+        let b_ids: Vec<u64> = (0..1000u64)
+            .map(|i| i * 3 + u64::from(i % 7 == 0))
+            .collect();
+        let a_sym: Vec<u8> = (0..8000u32).map(|i| (i % 8) as u8).collect();
+        let b_sym: Vec<u8> = (0..8000u32)
+            .map(|i| ((i % 8) as u8 + u8::from(i % 37 == 0)) % 8)
+            .collect();
+        let none: &[(&str, &str)] = &[];
+        let a = from_symbols(config, &IdList::U64(a_ids), &a_sym, none).unwrap();
+        let b = from_symbols(config, &IdList::U64(b_ids), &b_sym, none).unwrap();
+        let whole = a.diff_in_ranges(&b, usize::MAX).unwrap();
+        assert!(!whole.added.is_empty() && !whole.removed.is_empty() && !whole.changed.is_empty());
+        for range in [1, 2, 7, 64, 999, 1000, 1001] {
+            assert_eq!(a.diff_in_ranges(&b, range).unwrap(), whole, "range {range}");
+            let back = b.diff_in_ranges(&a, range).unwrap();
+            assert_eq!(back.added, whole.removed);
+            assert_eq!(back.removed, whole.added);
+        }
     }
 }

@@ -339,9 +339,24 @@ impl ImageBuilder {
         &mut self.image[self.layout.rows.clone()]
     }
 
+    /// The content-digest input before the rows (config ‖ kind ‖ n ‖ ids)
+    /// and the rows region, borrowed together so that rows can be hashed
+    /// while later rows are still being written.
+    pub(crate) fn content_parts_mut(&mut self) -> (&[u8], &mut [u8]) {
+        let rows = self.layout.rows.clone();
+        let (head, tail) = self.image.split_at_mut(rows.start);
+        (&head[CONTENT_START..], &mut tail[..rows.len()])
+    }
+
     /// Computes both digests, writes the footer and returns the state.
-    pub(crate) fn finish(mut self) -> Encoding {
+    pub(crate) fn finish(self) -> Encoding {
         let content = identity::content_digest(&self.image[CONTENT_START..self.layout.rows.end]);
+        self.finish_with_content_digest(content)
+    }
+
+    /// Like `finish`, with the content digest already computed over
+    /// exactly `image[CONTENT_START..rows.end]`.
+    pub(crate) fn finish_with_content_digest(mut self, content: Digest32) -> Encoding {
         let state = identity::state_id(&content, &self.image[self.layout.manifest.clone()]);
         let f = self.layout.manifest.end;
         self.image[f..f + 32].copy_from_slice(&content);
@@ -376,5 +391,26 @@ pub(crate) fn fill_utf8_ids<'a>(dst: &mut [u8], n: usize, ids: impl Iterator<Ite
         if let Some(o) = offsets.get_mut(8 * (i + 1)..8 * (i + 2)) {
             o.copy_from_slice(&(pos as u64).to_le_bytes());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodings_can_be_shared_across_threads() {
+        fn shared<T: Send + Sync + Clone>() {}
+        shared::<Encoding>();
+    }
+
+    #[test]
+    fn header_layout() {
+        let c = Config::quant(4, 4).unwrap();
+        let h = Encoding::header_bytes(&c, IdKind::Utf8, 3);
+        assert_eq!(&h[..6], b"SEMQ\x02\x00");
+        assert_eq!(h[6..19], c.to_bytes());
+        assert_eq!(h[19], 1);
+        assert_eq!(h[20..28], 3u64.to_le_bytes());
     }
 }

@@ -10,6 +10,24 @@ pub fn content_digest(s: &[u8]) -> Digest32 {
     Sha256::digest(s).into()
 }
 
+/// An incremental content digest, for writers that produce S in pieces.
+#[derive(Clone, Default)]
+pub struct ContentHasher(Sha256);
+
+impl ContentHasher {
+    pub fn new() -> ContentHasher {
+        ContentHasher(Sha256::new())
+    }
+
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    pub fn finish(self) -> Digest32 {
+        self.0.finalize().into()
+    }
+}
+
 /// `state_id = SHA-256(content_digest ‖ manifest_section)`.
 pub fn state_id(content_digest: &Digest32, manifest_section: &[u8]) -> Digest32 {
     let mut h = Sha256::new();

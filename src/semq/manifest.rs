@@ -64,8 +64,8 @@ impl Manifest {
         })
     }
 
-    /// Parses a section read from a file; `None` when it is malformed in
-    /// any way (the reader reports FormatError(manifest)).
+    /// Parses a section read from a file; the error is the message of the
+    /// first violation (the reader reports it as FormatError(manifest)).
     pub fn parse_section(section: &[u8]) -> Result<Manifest, &'static str> {
         const MALFORMED: &str = "manifest section is malformed";
         if section.len() > MAX_SECTION_LEN {

@@ -1,6 +1,7 @@
 //! Reading an image: validation in the exact order of spec section 4.
 
 use std::fs::File;
+use std::io::Read;
 use std::path::Path;
 
 use super::config::{Config, CONFIG_LEN};
@@ -8,7 +9,7 @@ use super::encoding::{
     read_u64, Encoding, Image, Layout, CONTENT_START, FOOTER_LEN, HEADER_LEN, MAGIC, MIN_IMAGE_LEN,
 };
 use super::error::{Result, Section, SemqError, Which};
-use super::identity::{self, Digest32};
+use super::identity::{self, ContentHasher, Digest32};
 use super::ids::{is_valid_text, IdKind, MAX_UTF8_ID_LEN};
 use super::manifest::{Manifest, MAX_SECTION_LEN};
 use super::rows;
@@ -18,6 +19,25 @@ use rayon::prelude::*;
 /// Files below this size are read into memory; larger ones are mapped.
 const MAP_THRESHOLD: u64 = 1 << 20;
 
+/// A progress callback: (work done, total work), called from any thread.
+pub type Progress<'a> = &'a (dyn Fn(u64, u64) + Sync);
+
+/// Bytes hashed between two progress reports.
+const PROGRESS_STEP: usize = 64 << 20;
+
+/// The content digest of S, in steps so that progress can be reported.
+fn hash_content(s: &[u8], progress: Progress<'_>) -> Digest32 {
+    let total = s.len() as u64;
+    let mut hasher = ContentHasher::new();
+    let mut done = 0u64;
+    for chunk in s.chunks(PROGRESS_STEP) {
+        hasher.update(chunk);
+        done += chunk.len() as u64;
+        progress(done, total);
+    }
+    hasher.finish()
+}
+
 impl Encoding {
     /// Reads and fully verifies a file. Large files are memory-mapped and
     /// their rows are never copied.
@@ -26,22 +46,52 @@ impl Encoding {
     /// alive (as every mmap-based reader does); a concurrent writer could
     /// change bytes after they were verified.
     pub fn open(path: impl AsRef<Path>) -> Result<Encoding> {
+        Encoding::open_with_progress(path, &|_, _| {})
+    }
+
+    /// [`Encoding::open`], reporting verification progress as (bytes
+    /// hashed, bytes to hash) from time to time (for a progress bar).
+    pub fn open_with_progress(path: impl AsRef<Path>, progress: Progress<'_>) -> Result<Encoding> {
         let path = path.as_ref();
         let io = |source| SemqError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let file = File::open(path).map_err(io)?;
+        let mut file = File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < MAP_THRESHOLD {
-            let bytes = std::fs::read(path).map_err(io)?;
-            return Encoding::from_vec(bytes);
+            // len is below the threshold, so reserving it is bounded.
+            let mut bytes = Vec::with_capacity(len as usize);
+            file.read_to_end(&mut bytes).map_err(io)?;
+            let (layout, manifest, content, state) = validate(&bytes, progress)?;
+            return Ok(Encoding::from_parts(
+                Image::Owned(bytes),
+                layout,
+                manifest,
+                content,
+                state,
+            ));
         }
         // SAFETY: the map is read-only and only ever read through slices;
         // the documented contract is that the file is not modified while
         // mapped (a truncation could otherwise fault on access).
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }.map_err(io)?;
-        let (layout, manifest, content, state) = validate(&map)?;
+        let map = match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
+            Ok(map) => map,
+            // Some filesystems and special files cannot be mapped: read them.
+            Err(_) => {
+                let mut bytes = Vec::new();
+                file.read_to_end(&mut bytes).map_err(io)?;
+                let (layout, manifest, content, state) = validate(&bytes, progress)?;
+                return Ok(Encoding::from_parts(
+                    Image::Owned(bytes),
+                    layout,
+                    manifest,
+                    content,
+                    state,
+                ));
+            }
+        };
+        let (layout, manifest, content, state) = validate(&map, progress)?;
         Ok(Encoding::from_parts(
             Image::Mapped(map),
             layout,
@@ -53,7 +103,7 @@ impl Encoding {
 
     /// Verifies an image held in memory and takes ownership of it.
     pub fn from_vec(bytes: Vec<u8>) -> Result<Encoding> {
-        let (layout, manifest, content, state) = validate(&bytes)?;
+        let (layout, manifest, content, state) = validate(&bytes, &|_, _| {})?;
         Ok(Encoding::from_parts(
             Image::Owned(bytes),
             layout,
@@ -66,7 +116,7 @@ impl Encoding {
     /// Verifies an image given as a slice (for tests and fuzzing). The
     /// slice is validated before anything is copied.
     pub fn from_slice(bytes: &[u8]) -> Result<Encoding> {
-        let (layout, manifest, content, state) = validate(bytes)?;
+        let (layout, manifest, content, state) = validate(bytes, &|_, _| {})?;
         Ok(Encoding::from_parts(
             Image::Owned(bytes.to_vec()),
             layout,
@@ -85,7 +135,10 @@ fn fail(section: Section, message: &str) -> SemqError {
 /// are. The content digest is computed on one core while ids, manifest
 /// and rows are checked on the other; the first failure in spec order is
 /// reported, so the parallelism never changes the outcome.
-pub(crate) fn validate(buf: &[u8]) -> Result<(Layout, Manifest, Digest32, Digest32)> {
+pub(crate) fn validate(
+    buf: &[u8],
+    progress: Progress<'_>,
+) -> Result<(Layout, Manifest, Digest32, Digest32)> {
     // 1. Framing.
     if buf.len() < MIN_IMAGE_LEN {
         return Err(fail(
@@ -115,7 +168,7 @@ pub(crate) fn validate(buf: &[u8]) -> Result<(Layout, Manifest, Digest32, Digest
     let manifest_section = &buf[layout.manifest.clone()];
 
     let (content, checks) = rayon::join(
-        || identity::content_digest(&buf[CONTENT_START..layout.rows.end]),
+        || hash_content(&buf[CONTENT_START..layout.rows.end], progress),
         || {
             // 4. Ids, then 5. manifest, then (after the digests) 7. rows.
             check_ids(ids, &layout)?;

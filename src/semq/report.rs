@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use super::config::Config;
 use super::diff::Diff;
 use super::encoding::Encoding;
-use super::floor::Verdict;
+use super::floor::{Floor, Verdict};
 use super::identity::to_hex;
 use super::ids::{Id, IdRef};
 
@@ -168,6 +168,145 @@ pub fn diff_json(d: &Diff, gate: Option<(bool, &Verdict)>) -> String {
         out.push('}');
     }
     out.push_str("}\n");
+    out
+}
+
+/// The stdout of `semq show FILE --limit N` (human form). A negative
+/// limit prints the raw minimum and lists no ids, like upstream.
+pub fn show_text(e: &Encoding, limit: i64) -> String {
+    let c = e.config();
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "config:         {} dim={} {}={}",
+        c.operator().name(),
+        c.dim(),
+        c.operator().param_name(),
+        c.param()
+    );
+    let _ = writeln!(out, "id_kind:        {}", e.id_kind().name());
+    let _ = writeln!(out, "rows:           {}", e.len());
+    let _ = writeln!(out, "content_digest: {}", to_hex(e.content_digest()));
+    let _ = writeln!(out, "state_id:       {}", to_hex(e.state_id()));
+    let _ = writeln!(out, "manifest:       {} pair(s)", e.manifest().len());
+    for (k, v) in e.manifest().pairs() {
+        let _ = writeln!(out, "  {} = {}", escape_human(k), escape_human(v));
+    }
+    let n = e.len() as i64;
+    let shown = n.min(limit);
+    let _ = writeln!(out, "ids:            first {shown} of {n}");
+    for id in e.ids().take(usize::try_from(shown).unwrap_or(0)) {
+        let _ = writeln!(out, "  {}", escape_human(&id.to_string()));
+    }
+    out
+}
+
+/// The stdout of `semq diff REF NEW --limit N` (human form), without the
+/// gate lines (see [`gate_text`]). A negative limit lists no ids.
+pub fn diff_text(d: &Diff, limit: i64) -> String {
+    let take = usize::try_from(limit).unwrap_or(0);
+    let mut out = String::new();
+    let _ = writeln!(out, "reference_id:  {}", to_hex(&d.reference_id));
+    let _ = writeln!(out, "candidate_id:  {}", to_hex(&d.candidate_id));
+    let _ = writeln!(out, "added:         {}", d.added.len());
+    for id in d.added.iter().take(take) {
+        let _ = writeln!(out, "  + {}", escape_human(&id.to_string()));
+    }
+    let _ = writeln!(out, "removed:       {}", d.removed.len());
+    for id in d.removed.iter().take(take) {
+        let _ = writeln!(out, "  - {}", escape_human(&id.to_string()));
+    }
+    let _ = writeln!(out, "changed:       {}", d.changed.len());
+    for (id, h) in d.changed.iter().take(take) {
+        let _ = writeln!(out, "  ~ {} hamming={h}", escape_human(&id.to_string()));
+    }
+    let _ = writeln!(out, "unchanged:     {}", d.n_unchanged);
+    let _ = writeln!(out, "manifest:      {} change(s)", d.manifest_changes.len());
+    let side = |v: &Option<String>| match v {
+        Some(s) => escape_human(s).into_owned(),
+        None => "<absent>".to_owned(),
+    };
+    for c in &d.manifest_changes {
+        let _ = writeln!(
+            out,
+            "  {}: {} -> {}",
+            escape_human(&c.key),
+            side(&c.before),
+            side(&c.after)
+        );
+    }
+    out
+}
+
+/// The gate lines that follow [`diff_text`] with `--floor`: `within` (the
+/// base verdict) and, with `--per-row`, `passed` (the full verdict).
+pub fn gate_text(within: bool, passed: Option<bool>) -> String {
+    let py = |b: bool| if b { "True" } else { "False" };
+    let mut out = format!("within:        {}\n", py(within));
+    if let Some(p) = passed {
+        let _ = writeln!(out, "passed:        {}", py(p));
+    }
+    out
+}
+
+/// The warning `semq diff --floor F --per-row` writes to stderr (before
+/// stdout) when the floor comes from fewer than 20 nulls that are not
+/// known to be one state: each per-row check may then reject an unchanged
+/// rebuild with probability up to 1/(nulls+1).
+pub fn per_row_warning(floor: &Floor) -> Option<String> {
+    if floor.nulls() >= 20 || floor.distinct_nulls() == Some(1) {
+        return None;
+    }
+    let states = match floor.distinct_nulls() {
+        Some(d) => format!(
+            "{d} of the floor's {} nulls are different states",
+            floor.nulls()
+        ),
+        None => "the floor does not record whether its nulls vary".to_owned(),
+    };
+    let chances = floor.nulls() + 1;
+    // `{:.0}` rounds half to even on the binary value, like Python's `.0f`.
+    Some(format!(
+        "warning: {states}, so each check can reject an unchanged rebuild with probability up to 1/{chances} ({:.0}%); measure the floor from at least 20 nulls for --per-row\n",
+        100.0 / chances as f64
+    ))
+}
+
+/// The stderr lines of a gate written after stdout: every changed
+/// manifest key, the failed verdict's reasons, and the rows above
+/// max_hamming (at most `limit`, with the upstream slicing of a negative
+/// limit).
+pub fn gate_messages(d: &Diff, verdict: &Verdict, limit: i64) -> String {
+    let mut out = String::new();
+    for c in &d.manifest_changes {
+        let _ = writeln!(out, "manifest key {} changed", escape_human(&c.key));
+    }
+    if !verdict.passed {
+        let reasons: Vec<&str> = verdict.reasons.iter().map(|r| r.name()).collect();
+        let _ = writeln!(
+            out,
+            "error: candidate is not within the floor ({})",
+            reasons.join(", ")
+        );
+    }
+    if !verdict.rows.is_empty() {
+        let len = verdict.rows.len() as i64;
+        // Python's rows[:limit]: a negative limit counts from the end.
+        let end = if limit < 0 {
+            (len + limit).max(0)
+        } else {
+            limit.min(len)
+        };
+        let shown: Vec<String> = verdict.rows[..end as usize]
+            .iter()
+            .map(|id| escape_human(&id.to_string()).into_owned())
+            .collect();
+        let _ = write!(out, "rows above max_hamming: {}", shown.join(", "));
+        if len > limit {
+            let _ = write!(out, ", and {} more", len - limit);
+        }
+        out.push('\n');
+    }
     out
 }
 

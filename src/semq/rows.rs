@@ -23,7 +23,24 @@ pub fn pack(config: &Config, symbols: &[u8], out: &mut [u8]) {
             }
         }
         Operator::Phase => out.copy_from_slice(symbols),
-        Operator::Quant => pack_bits(config.bits_per_unit(), symbols, out),
+        Operator::Quant => pack_quant(config.bits_per_unit() as usize, symbols, out),
+    }
+}
+
+/// Eight b-bit symbols fill exactly b bytes, so whole groups of eight are
+/// packed without branches; the tail goes through the general stream.
+fn pack_quant(bits: usize, symbols: &[u8], out: &mut [u8]) {
+    let groups = symbols.len() / 8;
+    for (group, dst) in symbols.chunks_exact(8).zip(out.chunks_exact_mut(bits)) {
+        let mut acc: u64 = 0;
+        for (k, &s) in group.iter().enumerate() {
+            acc |= u64::from(s) << (k * bits);
+        }
+        dst.copy_from_slice(&acc.to_le_bytes()[..bits]);
+    }
+    let done = groups * bits;
+    if let (Some(rest_in), Some(rest_out)) = (symbols.get(groups * 8..), out.get_mut(done..)) {
+        pack_bits(bits as u32, rest_in, rest_out);
     }
 }
 
@@ -133,34 +150,44 @@ pub fn can_be_non_canonical(config: &Config) -> bool {
 pub fn check_canonical(config: &Config, row: &[u8]) -> Result<(), RowFault> {
     let alphabet = config.alphabet();
     match config.operator() {
-        Operator::Orbit => match row.iter().position(|&b| u32::from(b) >= alphabet) {
-            Some(unit) => Err(RowFault { unit: Some(unit) }),
-            None => Ok(()),
-        },
+        // The common case (canonical) is decided by a branch-free maximum,
+        // which vectorizes; the offending unit is searched only on failure.
+        Operator::Orbit => {
+            if u32::from(row.iter().fold(0u8, |m, &b| m.max(b))) < alphabet {
+                return Ok(());
+            }
+            Err(RowFault {
+                unit: row.iter().position(|&b| u32::from(b) >= alphabet),
+            })
+        }
         Operator::Phase if config.param() <= 16 => {
             if alphabet == 16 {
                 return Ok(());
             }
-            for (i, &byte) in row.iter().enumerate() {
-                if u32::from(byte & 0x0f) >= alphabet {
-                    return Err(RowFault { unit: Some(2 * i) });
-                }
-                if u32::from(byte >> 4) >= alphabet {
-                    return Err(RowFault {
-                        unit: Some(2 * i + 1),
-                    });
-                }
-            }
-            Ok(())
-        }
-        Operator::Phase => {
-            if alphabet == 256 {
+            let (lo, hi) = row.iter().fold((0u8, 0u8), |(lo, hi), &b| {
+                (lo.max(b & 0x0f), hi.max(b >> 4))
+            });
+            if u32::from(lo.max(hi)) < alphabet {
                 return Ok(());
             }
-            match row.iter().position(|&b| u32::from(b) >= alphabet) {
-                Some(unit) => Err(RowFault { unit: Some(unit) }),
-                None => Ok(()),
+            let unit = row.iter().enumerate().find_map(|(i, &byte)| {
+                if u32::from(byte & 0x0f) >= alphabet {
+                    Some(2 * i)
+                } else if u32::from(byte >> 4) >= alphabet {
+                    Some(2 * i + 1)
+                } else {
+                    None
+                }
+            });
+            Err(RowFault { unit })
+        }
+        Operator::Phase => {
+            if alphabet == 256 || u32::from(row.iter().fold(0u8, |m, &b| m.max(b))) < alphabet {
+                return Ok(());
             }
+            Err(RowFault {
+                unit: row.iter().position(|&b| u32::from(b) >= alphabet),
+            })
         }
         Operator::Quant => {
             let bits = config.bits_per_unit();

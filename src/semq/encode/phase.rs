@@ -55,7 +55,8 @@ impl Phase {
         if raw < 0.0 {
             raw = 0.0;
         }
-        (raw.trunc() as u32).min(self.sectors - 1) as u8
+        // raw ≥ 0, so the conversion truncates exactly like trunc().
+        (raw as u32).min(self.sectors - 1) as u8
     }
 
     pub fn encode_row(&self, row: &[f32], symbols: &mut [u8]) {
