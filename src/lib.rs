@@ -4,5 +4,9 @@
 //! The binaries (`qem`, `semq`, `qemfs`) are thin layers over this crate;
 //! nothing here knows about FUSE, GPUs or command lines.
 
+pub mod cache;
+pub mod export;
+pub mod npy;
+pub mod publish;
 pub mod qem;
 pub mod semq;

@@ -1,0 +1,297 @@
+//! The decoded-block cache: an LRU bounded by bytes, shared by every reader
+//! of a mount (or of one CLI run).
+//!
+//! Loads are single-flight: when several threads ask for the same missing
+//! key at once, one of them loads it and the others wait for that result, so
+//! a block is never decoded twice at the same time. Different keys load in
+//! parallel; the lock is never held while loading.
+
+use lru::LruCache;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+/// A value's size in bytes as far as the budget is concerned.
+pub trait Weighted {
+    fn weight(&self) -> usize;
+}
+
+impl<T> Weighted for Vec<T> {
+    fn weight(&self) -> usize {
+        self.len() * std::mem::size_of::<T>()
+    }
+}
+
+impl Weighted for [u8] {
+    fn weight(&self) -> usize {
+        self.len()
+    }
+}
+
+type Slot<V, E> = Arc<OnceLock<Result<Arc<V>, E>>>;
+
+struct State<K: Hash + Eq, V: ?Sized, E> {
+    lru: LruCache<K, Arc<V>>,
+    bytes: usize,
+    /// Loads under way; each waiter blocks on the slot's `OnceLock`.
+    loading: HashMap<K, Slot<V, E>>,
+}
+
+/// Counters for `info` views and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub entries: usize,
+    pub bytes: usize,
+    pub budget: usize,
+}
+
+/// An LRU of `Arc<V>` keyed by `K`, holding at most `budget` bytes.
+pub struct BlockCache<K: Hash + Eq, V: ?Sized, E> {
+    budget: usize,
+    state: Mutex<State<K, V, E>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl<K, V, E> BlockCache<K, V, E>
+where
+    K: Hash + Eq + Clone,
+    V: Weighted + ?Sized,
+    E: Clone,
+{
+    /// A cache that keeps at most `budget` bytes of values. A value larger
+    /// than the whole budget is handed to its caller but not kept.
+    pub fn new(budget: usize) -> Self {
+        BlockCache {
+            budget,
+            state: Mutex::new(State {
+                lru: LruCache::unbounded(),
+                bytes: 0,
+                loading: HashMap::new(),
+            }),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    /// The cached value for `key`, or the result of `load` (run once for all
+    /// concurrent callers of the same key). Errors are returned to every
+    /// waiter of that load and are not cached, so a later call retries.
+    pub fn get_or_load<F>(&self, key: &K, load: F) -> Result<Arc<V>, E>
+    where
+        F: FnOnce() -> Result<Arc<V>, E>,
+    {
+        let slot = {
+            let mut state = self.lock();
+            if let Some(value) = state.lru.get(key) {
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                return Ok(Arc::clone(value));
+            }
+            self.misses.fetch_add(1, Ordering::Relaxed);
+            Arc::clone(
+                state
+                    .loading
+                    .entry(key.clone())
+                    .or_insert_with(|| Arc::new(OnceLock::new())),
+            )
+        };
+        let result = slot.get_or_init(load).clone();
+        let mut state = self.lock();
+        // Whoever gets here first retires the slot and publishes the value,
+        // under the same lock that lookups take, so no later caller can miss
+        // both the slot and the cached value.
+        if state
+            .loading
+            .get(key)
+            .is_some_and(|s| Arc::ptr_eq(s, &slot))
+        {
+            state.loading.remove(key);
+            if let Ok(value) = &result {
+                self.insert_locked(&mut state, key.clone(), Arc::clone(value));
+            }
+        }
+        result
+    }
+
+    /// The cached value, if present (counts as a use).
+    pub fn get(&self, key: &K) -> Option<Arc<V>> {
+        self.lock().lru.get(key).cloned()
+    }
+
+    /// Whether `key` is cached or being loaded: prefetchers use this to skip
+    /// work that is already done or under way.
+    pub fn is_present_or_loading(&self, key: &K) -> bool {
+        let state = self.lock();
+        state.lru.contains(key) || state.loading.contains_key(key)
+    }
+
+    /// Drops every entry whose key matches `stale` (a source file that
+    /// changed or disappeared).
+    pub fn remove_where(&self, mut stale: impl FnMut(&K) -> bool) {
+        let mut state = self.lock();
+        let keys: Vec<K> = state
+            .lru
+            .iter()
+            .filter(|(k, _)| stale(k))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in keys {
+            if let Some(value) = state.lru.pop(&key) {
+                state.bytes -= value.weight();
+            }
+        }
+    }
+
+    pub fn stats(&self) -> CacheStats {
+        let state = self.lock();
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries: state.lru.len(),
+            bytes: state.bytes,
+            budget: self.budget,
+        }
+    }
+
+    fn insert_locked(&self, state: &mut State<K, V, E>, key: K, value: Arc<V>) {
+        let weight = value.weight();
+        if weight > self.budget {
+            return;
+        }
+        if let Some(old) = state.lru.put(key, value) {
+            state.bytes -= old.weight();
+        }
+        state.bytes += weight;
+        while state.bytes > self.budget {
+            match state.lru.pop_lru() {
+                Some((_, evicted)) => {
+                    state.bytes -= evicted.weight();
+                    self.evictions.fetch_add(1, Ordering::Relaxed);
+                }
+                None => break,
+            }
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State<K, V, E>> {
+        // A panic while holding the lock cannot leave the maps inconsistent
+        // (every update is a single call), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Barrier;
+    use std::time::Duration;
+
+    type Cache = BlockCache<u32, Vec<u8>, String>;
+
+    fn block(n: usize) -> Result<Arc<Vec<u8>>, String> {
+        Ok(Arc::new(vec![0; n]))
+    }
+
+    #[test]
+    fn keeps_the_most_recent_within_the_budget() {
+        let cache = Cache::new(250);
+        for key in 0..3 {
+            cache.get_or_load(&key, || block(100)).unwrap();
+        }
+        // 300 bytes asked for, 250 allowed: the oldest went.
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.bytes, stats.evictions), (2, 200, 1));
+        assert!(cache.get(&0).is_none());
+        assert!(cache.get(&1).is_some());
+        // Using 1 makes 2 the least recent.
+        cache.get_or_load(&3, || block(100)).unwrap();
+        assert!(cache.get(&1).is_some());
+        assert!(cache.get(&2).is_none());
+    }
+
+    #[test]
+    fn oversized_values_are_returned_but_not_kept() {
+        let cache = Cache::new(10);
+        assert_eq!(cache.get_or_load(&1, || block(11)).unwrap().len(), 11);
+        assert_eq!(cache.stats().entries, 0);
+    }
+
+    #[test]
+    fn errors_reach_the_caller_and_are_retried() {
+        let cache = Cache::new(100);
+        let err = cache.get_or_load(&1, || Err("corrupt".to_string()));
+        assert_eq!(err.unwrap_err(), "corrupt");
+        assert_eq!(cache.get_or_load(&1, || block(5)).unwrap().len(), 5);
+    }
+
+    #[test]
+    fn concurrent_misses_load_once() {
+        let cache = Arc::new(Cache::new(1 << 20));
+        let loads = Arc::new(AtomicUsize::new(0));
+        let barrier = Arc::new(Barrier::new(8));
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let (cache, loads, barrier) = (cache.clone(), loads.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    cache
+                        .get_or_load(&7, || {
+                            loads.fetch_add(1, Ordering::SeqCst);
+                            std::thread::sleep(Duration::from_millis(50));
+                            block(64)
+                        })
+                        .unwrap()
+                })
+            })
+            .collect();
+        let values: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert_eq!(loads.load(Ordering::SeqCst), 1);
+        assert!(values.iter().all(|v| Arc::ptr_eq(v, &values[0])));
+    }
+
+    #[test]
+    fn different_keys_load_in_parallel() {
+        let cache = Arc::new(Cache::new(1 << 20));
+        let barrier = Arc::new(Barrier::new(2));
+        // Each load waits for the other to start: this deadlocks unless
+        // the two loads really run at the same time.
+        let threads: Vec<_> = (0..2)
+            .map(|key| {
+                let (cache, barrier) = (cache.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    cache
+                        .get_or_load(&key, || {
+                            barrier.wait();
+                            block(8)
+                        })
+                        .unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(cache.stats().entries, 2);
+    }
+
+    #[test]
+    fn stale_entries_can_be_dropped() {
+        let cache = Cache::new(1000);
+        for key in 0..4 {
+            cache.get_or_load(&key, || block(10)).unwrap();
+        }
+        cache.remove_where(|k| k % 2 == 0);
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.bytes), (2, 20));
+        assert!(cache.is_present_or_loading(&1));
+        assert!(!cache.is_present_or_loading(&2));
+    }
+}

@@ -1,0 +1,281 @@
+//! Crash-safe creation of output files.
+//!
+//! Every file we write goes to a temporary sibling first, is fsynced, and is
+//! then published under its final name in one step: a hard link, which fails
+//! instead of replacing an existing file, or (when the caller asked to
+//! overwrite) a rename. A crash at any point leaves either no file or the
+//! complete file under the final name, never a partial one.
+//!
+//! Temporary files are named `.NAME.tmp-PID-N` so users recognise them, and
+//! ones left behind by a process that no longer runs are removed the next
+//! time the same output is written.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Why an output could not be published.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("{0}: already exists; refusing to replace it (choose another name or remove it)")]
+    Exists(PathBuf),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl PublishError {
+    fn io(path: &Path, source: io::Error) -> Self {
+        PublishError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+}
+
+/// Whether publishing may replace an existing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Overwrite {
+    Never,
+    Replace,
+}
+
+/// A file being written under a temporary name; dropped without
+/// [`AtomicFile::publish`], it removes itself.
+pub struct AtomicFile {
+    target: PathBuf,
+    temp: PathBuf,
+    file: Option<File>,
+    overwrite: Overwrite,
+}
+
+impl AtomicFile {
+    /// Starts writing `target`. Fails at once when `target` exists and may
+    /// not be replaced, so no work is wasted on an output that cannot land.
+    pub fn create(target: impl AsRef<Path>, overwrite: Overwrite) -> Result<Self, PublishError> {
+        let target = target.as_ref().to_path_buf();
+        if overwrite == Overwrite::Never && fs::symlink_metadata(&target).is_ok() {
+            return Err(PublishError::Exists(target));
+        }
+        let name = target
+            .file_name()
+            .ok_or_else(|| {
+                PublishError::io(
+                    &target,
+                    io::Error::new(io::ErrorKind::InvalidInput, "not a file name"),
+                )
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let dir = parent_dir(&target);
+        remove_stale_temporaries(dir, &name);
+        let temp = dir.join(format!(
+            ".{name}.tmp-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let file = OpenOptions::new()
+            .write(true)
+            .read(true)
+            .create_new(true)
+            .open(&temp)
+            .map_err(|e| PublishError::io(&temp, e))?;
+        Ok(AtomicFile {
+            target,
+            temp,
+            file: Some(file),
+            overwrite,
+        })
+    }
+
+    /// The final name.
+    pub fn target(&self) -> &Path {
+        &self.target
+    }
+
+    /// The temporary file, for writing (and reading back, e.g. to copy a
+    /// spooled body).
+    pub fn file(&mut self) -> &mut File {
+        // `file` is only taken by `publish`, which consumes `self`.
+        self.file.as_mut().expect("file present until publish")
+    }
+
+    /// Flushes and fsyncs the data, then puts it under the final name and
+    /// fsyncs the directory so the name survives a crash too.
+    pub fn publish(mut self) -> Result<(), PublishError> {
+        let file = self.file.take().expect("file present until publish");
+        file.sync_all()
+            .map_err(|e| PublishError::io(&self.temp, e))?;
+        drop(file);
+        match self.overwrite {
+            Overwrite::Never => {
+                fs::hard_link(&self.temp, &self.target).map_err(|e| {
+                    if e.kind() == io::ErrorKind::AlreadyExists {
+                        PublishError::Exists(self.target.clone())
+                    } else {
+                        PublishError::io(&self.target, e)
+                    }
+                })?;
+                fs::remove_file(&self.temp).map_err(|e| PublishError::io(&self.temp, e))?;
+            }
+            Overwrite::Replace => {
+                fs::rename(&self.temp, &self.target)
+                    .map_err(|e| PublishError::io(&self.target, e))?;
+            }
+        }
+        // The temporary name is gone; nothing is left for Drop to clean.
+        self.temp = PathBuf::new();
+        if let Ok(dir) = File::open(parent_dir(&self.target)) {
+            // Some filesystems cannot fsync a directory; the data itself is
+            // already durable, so this is best effort.
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Write for AtomicFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.file().write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file().flush()
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.temp.as_os_str().is_empty() {
+            let _ = fs::remove_file(&self.temp);
+        }
+    }
+}
+
+/// Writes `bytes` to `target` atomically.
+pub fn write_file(
+    target: impl AsRef<Path>,
+    bytes: &[u8],
+    overwrite: Overwrite,
+) -> Result<(), PublishError> {
+    let mut out = AtomicFile::create(target, overwrite)?;
+    let temp = out.temp.clone();
+    out.write_all(bytes)
+        .map_err(|e| PublishError::io(&temp, e))?;
+    out.publish()
+}
+
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    }
+}
+
+/// Removes `.NAME.tmp-PID-N` files whose writer process is gone (killed
+/// before it could clean up). Files of running processes are left alone.
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn publishes_complete_files_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out.bin");
+        let mut f = AtomicFile::create(&target, Overwrite::Never).unwrap();
+        f.write_all(b"hello").unwrap();
+        assert!(
+            !target.exists(),
+            "nothing under the final name before publish"
+        );
+        f.publish().unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"hello");
+        assert_eq!(names(dir.path()), vec!["out.bin"]);
+    }
+
+    #[test]
+    fn never_replaces_an_existing_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("keep.txt");
+        fs::write(&target, b"precious").unwrap();
+        let err = write_file(&target, b"new", Overwrite::Never).unwrap_err();
+        assert!(matches!(err, PublishError::Exists(_)), "{err}");
+        assert_eq!(fs::read(&target).unwrap(), b"precious");
+        // A file that appears while we write is not replaced either.
+        let late = dir.path().join("late.txt");
+        let mut f = AtomicFile::create(&late, Overwrite::Never).unwrap();
+        f.write_all(b"mine").unwrap();
+        fs::write(&late, b"theirs").unwrap();
+        assert!(matches!(f.publish(), Err(PublishError::Exists(_))));
+        assert_eq!(fs::read(&late).unwrap(), b"theirs");
+        assert_eq!(names(dir.path()), vec!["keep.txt", "late.txt"]);
+    }
+
+    #[test]
+    fn replaces_when_asked() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("x");
+        fs::write(&target, b"old").unwrap();
+        write_file(&target, b"new", Overwrite::Replace).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new");
+        assert_eq!(names(dir.path()), vec!["x"]);
+    }
+
+    #[test]
+    fn abandoned_writes_leave_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("y");
+        {
+            let mut f = AtomicFile::create(&target, Overwrite::Never).unwrap();
+            f.write_all(b"partial").unwrap();
+        }
+        assert!(names(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn temporaries_of_dead_writers_are_cleaned() {
+        let dir = tempfile::tempdir().unwrap();
+        // PIDs above the kernel's pid_max (at most 2^22) never run.
+        let dead = dir.path().join(".z.tmp-4999999-0");
+        let alive = dir.path().join(format!(".z.tmp-{}-99", std::process::id()));
+        fs::write(&dead, b"x").unwrap();
+        fs::write(&alive, b"x").unwrap();
+        write_file(dir.path().join("z"), b"done", Overwrite::Never).unwrap();
+        assert!(!dead.exists());
+        assert!(alive.exists());
+    }
+}
