@@ -40,8 +40,9 @@ pub use metadata::{
     SCALED_QUANTIZATION_DESCRIPTION,
 };
 
+use crate::publish::{AtomicFile, Overwrite};
 use chunk::Frames;
-use publish::{io_error, TempFile};
+use publish::{io_error, publish_error, TempFile};
 use spatial::Tiles;
 
 /// Codec identifier of integer counts.
@@ -392,7 +393,7 @@ impl Writer {
     pub fn create(path: impl AsRef<Path>, spec: WriteSpec) -> Result<Writer, WriteError> {
         let target = path.as_ref().to_path_buf();
         publish::check_target_free(&target)?;
-        let temp = TempFile::beside(&target, "body")?;
+        let temp = TempFile::spool(&target)?;
         let file = BufWriter::with_capacity(
             1 << 20,
             temp.file.try_clone().map_err(|e| io_error(&temp.path, e))?,
@@ -735,20 +736,21 @@ impl Writer {
         let mut spool = file
             .into_inner()
             .map_err(|e| io_error(&temp.path, e.into_error()))?;
-        let mut out = TempFile::beside(&target, "tmp")?;
-        out.file
+        let mut out = AtomicFile::create(&target, Overwrite::Never).map_err(publish_error)?;
+        let out_path = out.target().to_path_buf();
+        out.file()
             .write_all(&head)
-            .map_err(|e| io_error(&out.path, e))?;
+            .map_err(|e| io_error(&out_path, e))?;
         spool.rewind().map_err(|e| io_error(&temp.path, e))?;
         // File to file: std uses copy_file_range on Linux.
-        let copied = io::copy(&mut spool, &mut out.file).map_err(|e| io_error(&out.path, e))?;
+        let copied = io::copy(&mut spool, out.file()).map_err(|e| io_error(&out_path, e))?;
         if copied != summary.body_bytes {
             return Err(io_error(
-                &out.path,
+                &temp.path,
                 io::Error::new(io::ErrorKind::UnexpectedEof, "spooled body changed size"),
             ));
         }
-        out.publish(&target)?;
+        out.publish().map_err(publish_error)?;
         drop(temp);
         Ok(summary)
     }
