@@ -1,7 +1,8 @@
 //! Encoding speed of the `.qem` writer on 4D-STEM-like uint16 counts.
 //!
 //! Run: `cargo bench --bench qem_write` (optional arguments: scan rows,
-//! scan columns, detector size; `QEM_BENCH_MODEL=reference|smallest` runs one policy). Reports MB/s of dense input with 1 and 2
+//! scan columns, detector size; `QEM_BENCH_MODEL=reference|smallest` runs one
+//! policy, `QEM_BENCH_REPS` sets the repetitions, the best of which counts). Reports MB/s of dense input with 1 and 2
 //! threads for both model policies, and the file sizes.
 
 use std::time::Instant;
@@ -91,6 +92,10 @@ fn main() {
         Ok("smallest") => vec![ModelChoice::Smallest],
         _ => vec![ModelChoice::Reference, ModelChoice::Smallest],
     };
+    let reps: usize = std::env::var("QEM_BENCH_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(4);
     for model in models {
         for threads in [1, 2] {
             let pool = rayon::ThreadPoolBuilder::new()
@@ -98,11 +103,11 @@ fn main() {
                 .build()
                 .expect("pool");
             let spec = WriteSpec::counts(shape, CountDtype::U16, sm.clone()).with_model(model);
-            // One warm-up, then the best of three.
+            // The best of several runs: the least disturbed by other work.
             let mut best = f64::INFINITY;
             let mut best_cpu = f64::INFINITY;
             let mut size = 0;
-            for _ in 0..4 {
+            for _ in 0..reps {
                 let t = Instant::now();
                 let c = cpu_seconds();
                 let out = pool

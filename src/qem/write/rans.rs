@@ -146,6 +146,12 @@ pub(crate) fn encode_interleaved(
         };
         let (now, later) = rest.split_at(take);
         rest = later;
+        if let [(values, k)] = *now {
+            let Some((s, o)) = slots.next() else { return };
+            o.clear();
+            encode(values, k, s, o);
+            continue;
+        }
         let m = now.iter().map(|j| j.0.len()).min().unwrap_or(0);
         let mut lanes = Vec::with_capacity(4);
         let mut targets = Vec::with_capacity(4);

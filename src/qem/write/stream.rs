@@ -136,15 +136,14 @@ pub(crate) fn reference_table(summary: &Summary, m: usize) -> usize {
 pub struct StreamScratch {
     lanes: Vec<Scratch>,
     trials: Vec<Vec<u8>>,
-    extra: Vec<u8>,
 }
 
 /// Streams planned and coded together, so that their rANS trials run as
 /// independent dependency chains in one loop.
-pub(crate) const BATCH: usize = 2;
+pub(crate) const BATCH: usize = 4;
 
-/// Most rANS trials per stream.
-const MAX_TRIALS: usize = 2;
+/// Most rANS trials per stream planned ahead (the reference trial may follow).
+const MAX_TRIALS: usize = 1;
 
 /// A stream's encoding form.
 #[derive(Clone, Copy, PartialEq, Debug)]
@@ -224,31 +223,16 @@ fn plan(values: &[u16], choice: ModelChoice) -> Plan {
             for (b, row) in bits.iter_mut().zip(costs().iter()) {
                 *b = present[..n].iter().map(|&(h, sym)| h * row[sym]).sum();
             }
-            // The bounds grow with the bits, so the table with the fewest
-            // bits has the best guarantee; every table whose lower bound
-            // reaches that guarantee might still be the smallest.
+            // The table with the fewest bits has the smallest size bounds;
+            // its neighbours rarely end up a byte smaller, not worth a trial
+            // each. The reference table is tried afterwards whenever it could
+            // still win, so the result is never larger than §7.2's.
             let fewest = (0..TABLES)
                 .min_by(|&a, &b| bits[a].total_cmp(&bits[b]))
                 .unwrap_or(0);
-            let best_high = s.rans_bounds(bits[fewest], m).1.min(p.best_len);
-            let mut chosen = [(f64::INFINITY, 0usize); MAX_TRIALS];
-            for (k, &b) in bits.iter().enumerate() {
-                let low = s.rans_bounds(b, m).0;
-                if low <= best_high && low < p.best_len && b < chosen[MAX_TRIALS - 1].0 {
-                    // Insertion into the few best, fewest bits first.
-                    let mut i = MAX_TRIALS - 1;
-                    while i > 0 && chosen[i - 1].0 > b {
-                        chosen[i] = chosen[i - 1];
-                        i -= 1;
-                    }
-                    chosen[i] = (b, k);
-                }
-            }
-            for &(b, k) in &chosen {
-                if b.is_finite() {
-                    p.tables[p.trials] = k;
-                    p.trials += 1;
-                }
+            if s.rans_bounds(bits[fewest], m).0 < p.best_len {
+                p.tables[0] = fewest;
+                p.trials = 1;
             }
         }
     }
@@ -337,40 +321,46 @@ pub(crate) fn encode_batch(
     }
     rans::encode_interleaved(&jobs, &mut scratch.lanes, &mut scratch.trials);
     let mut slot = 0;
-    for (values, p) in columns.iter().zip(&plans) {
-        let m = values.len();
+    let mut decided: Vec<(Form, usize)> = Vec::with_capacity(columns.len());
+    let mut second: Vec<(&[u16], usize)> = Vec::new();
+    let mut second_of: Vec<usize> = Vec::new();
+    for (i, (values, p)) in columns.iter().zip(&plans).enumerate() {
         let trial_lens: Vec<usize> = scratch.trials[slot..slot + p.trials]
             .iter()
             .map(Vec::len)
             .collect();
-        let (mut form, mut len) = decide(p, m, choice, &trial_lens, slot);
+        let (form, len) = decide(p, values.len(), choice, &trial_lens, slot);
         slot += p.trials;
         // Never larger than the reference choice: its table is tried whenever
         // it could still beat what was found.
         let tried = p.tables[..p.trials].contains(&p.reference);
-        if choice == ModelChoice::Smallest
-            && !tried
-            && p.best != Form::Zeros
-            && p.best != Form::Constant
-            && p.lb_reference < len
-        {
-            scratch.extra.clear();
-            let l = rans::encode(
-                values,
-                p.reference,
-                &mut scratch.lanes[0],
-                &mut scratch.extra,
-            );
-            if l < len {
-                (form, len) = (
-                    Form::Rans {
-                        k: p.reference,
-                        slot: usize::MAX,
-                    },
-                    l,
-                );
+        let uniform = matches!(p.best, Form::Zeros | Form::Constant);
+        if choice == ModelChoice::Smallest && !tried && !uniform && p.lb_reference < len {
+            second.push((values, p.reference));
+            second_of.push(i);
+        }
+        decided.push((form, len));
+    }
+    if !second.is_empty() {
+        // These trials run interleaved too, in slots after the first ones.
+        let need = slot + second.len();
+        if scratch.lanes.len() < need {
+            scratch.lanes.resize_with(need, Scratch::default);
+            scratch.trials.resize_with(need, Vec::new);
+        }
+        rans::encode_interleaved(
+            &second,
+            &mut scratch.lanes[slot..],
+            &mut scratch.trials[slot..],
+        );
+        for (j, (&i, &(_, k))) in second_of.iter().zip(&second).enumerate() {
+            let l = scratch.trials[slot + j].len();
+            if l < decided[i].1 {
+                decided[i] = (Form::Rans { k, slot: slot + j }, l);
             }
         }
+    }
+    for (values, (form, len)) in columns.iter().zip(decided) {
         let before = out.len();
         let selector = match form {
             Form::Zeros => ZEROS,
@@ -387,12 +377,7 @@ pub(crate) fn encode_batch(
                 SPARSE
             }
             Form::Rans { k, slot } => {
-                let bytes = if slot == usize::MAX {
-                    &scratch.extra
-                } else {
-                    &scratch.trials[slot]
-                };
-                out.extend_from_slice(bytes);
+                out.extend_from_slice(&scratch.trials[slot]);
                 k as u8
             }
         };
