@@ -505,9 +505,12 @@ impl Writer {
         header.insert("version".into(), 1.into());
         header.insert("shape".into(), json!(shape));
         header.insert("scientific_metadata".into(), std::mem::take(&mut sm));
-        // Non-finite numbers cannot enter a serde_json value, but a header
-        // that cannot be serialised is better refused now than after encoding.
-        to_canonical_json(&Value::Object(header.clone()))?;
+        // A header that cannot be serialised, or is already too large
+        // without its chunk list, is better refused now than after encoding.
+        let base = to_canonical_json(&Value::Object(header.clone()))?;
+        if base.len() > MAX_HEADER_BYTES {
+            return Err(WriteError::HeaderTooLarge(base.len()));
+        }
         Ok(Writer {
             target,
             kind,
