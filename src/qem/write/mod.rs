@@ -252,6 +252,10 @@ pub enum WriteError {
     ChunkTooLarge,
     #[error("{path}: no file name to write to")]
     BadPath { path: PathBuf },
+    #[error(
+        "finish() completes writers made by create(), finish_to_vec() those made by in_memory()"
+    )]
+    WrongFinish,
     #[error("{path} already exists; a .qem file is never replaced, choose another name or remove it first")]
     TargetExists { path: PathBuf },
     #[error("I/O error on {path}: {source}")]
@@ -728,13 +732,11 @@ impl Writer {
     /// Writes the header and publishes the file under its name.
     pub fn finish(mut self) -> Result<WriteSummary, WriteError> {
         let (head, summary) = self.envelope()?;
-        let target = self.target.clone().ok_or_else(|| WriteError::BadPath {
-            path: PathBuf::new(),
-        })?;
+        let target = self.target.clone().ok_or(WriteError::WrongFinish)?;
         let Sink::Spool { file, temp } =
             std::mem::replace(&mut self.body.sink, Sink::Memory(Vec::new()))
         else {
-            return Err(WriteError::BadPath { path: target });
+            return Err(WriteError::WrongFinish);
         };
         let mut spool = file
             .into_inner()
@@ -766,9 +768,7 @@ impl Writer {
                 head.extend_from_slice(&body);
                 Ok(head)
             }
-            Sink::Spool { temp, .. } => Err(WriteError::BadPath {
-                path: temp.path.clone(),
-            }),
+            Sink::Spool { .. } => Err(WriteError::WrongFinish),
         }
     }
 }
