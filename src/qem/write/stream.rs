@@ -33,22 +33,37 @@ pub(crate) struct Summary {
 
 impl Summary {
     pub fn of(values: &[u16]) -> Summary {
-        // Four interleaved histograms: runs of equal values (mostly zeros)
-        // would otherwise serialise on one counter.
-        let mut parts = [[0u32; SYMBOLS]; 4];
-        let mut quads = values.chunks_exact(4);
-        for q in &mut quads {
-            for (part, &v) in parts.iter_mut().zip(q) {
-                part[usize::from(v).min(ESCAPE)] += 1;
-            }
-        }
-        for &v in quads.remainder() {
-            parts[0][usize::from(v).min(ESCAPE)] += 1;
-        }
         let mut hist = [0u32; SYMBOLS];
-        for part in &parts {
-            for (h, p) in hist.iter_mut().zip(part) {
-                *h += p;
+        // Counts are mostly zeros at low dose: a vectorised count of zeros
+        // and a walk over the rest beats histogramming every value.
+        let zeros = values.iter().filter(|&&v| v == 0).count();
+        if 4 * zeros > 3 * values.len() {
+            hist[0] = zeros as u32;
+            for eight in values.chunks(8) {
+                // An OR instead of `any`: no early exit, so it vectorises.
+                if eight.iter().fold(0, |acc, &v| acc | v) != 0 {
+                    for &v in eight.iter().filter(|&&v| v != 0) {
+                        hist[usize::from(v).min(ESCAPE)] += 1;
+                    }
+                }
+            }
+        } else {
+            // Four interleaved histograms: runs of equal values would
+            // otherwise serialise on one counter.
+            let mut parts = [[0u32; SYMBOLS]; 4];
+            let mut quads = values.chunks_exact(4);
+            for q in &mut quads {
+                for (part, &v) in parts.iter_mut().zip(q) {
+                    part[usize::from(v).min(ESCAPE)] += 1;
+                }
+            }
+            for &v in quads.remainder() {
+                parts[0][usize::from(v).min(ESCAPE)] += 1;
+            }
+            for part in &parts {
+                for (h, p) in hist.iter_mut().zip(part) {
+                    *h += p;
+                }
             }
         }
         // Separate passes so the compiler can vectorise them.
@@ -112,6 +127,20 @@ fn costs() -> &'static [[f64; SYMBOLS]; TABLES] {
         for (row, freq) in c.iter_mut().zip(FREQUENCIES.iter()) {
             for (cell, &f) in row.iter_mut().zip(freq.iter()) {
                 *cell = (1024.0 / f64::from(f)).log2();
+            }
+        }
+        c
+    })
+}
+
+/// `-log2(freq / 1024)` indexed by symbol, then table.
+fn costs_by_symbol() -> &'static [[f64; TABLES]; SYMBOLS] {
+    static COSTS: OnceLock<[[f64; TABLES]; SYMBOLS]> = OnceLock::new();
+    COSTS.get_or_init(|| {
+        let mut c = [[0.0; TABLES]; SYMBOLS];
+        for (k, row) in costs().iter().enumerate() {
+            for (s, &cost) in row.iter().enumerate() {
+                c[s][k] = cost;
             }
         }
         c
@@ -211,17 +240,16 @@ fn plan(values: &[u16], choice: ModelChoice) -> Plan {
             if let Some(len) = p.sparse.filter(|&len| len < p.best_len) {
                 (p.best, p.best_len) = (Form::Sparse, len);
             }
-            let mut present = [(0f64, 0usize); SYMBOLS];
-            let mut n = 0;
-            for (sym, &h) in s.hist.iter().enumerate() {
-                if h != 0 {
-                    present[n] = (f64::from(h), sym);
-                    n += 1;
-                }
-            }
+            // Symbol-major costs, so the inner loop runs over the 64 tables
+            // and vectorises.
             let mut bits = [0f64; TABLES];
-            for (b, row) in bits.iter_mut().zip(costs().iter()) {
-                *b = present[..n].iter().map(|&(h, sym)| h * row[sym]).sum();
+            for (&h, row) in s.hist.iter().zip(costs_by_symbol().iter()) {
+                if h != 0 {
+                    let h = f64::from(h);
+                    for (b, &c) in bits.iter_mut().zip(row.iter()) {
+                        *b += h * c;
+                    }
+                }
             }
             // The table with the fewest bits has the smallest size bounds;
             // its neighbours rarely end up a byte smaller, not worth a trial
