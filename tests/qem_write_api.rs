@@ -226,10 +226,15 @@ fn caller_input_errors() {
     let mut s = counts_spec(shape);
     s.extra.insert("bytes".into(), json!(1));
     assert!(matches!(err(s), WriteError::ReservedMember(_)));
-    // Header over 16 MiB.
+    // Header over 16 MiB: refused before any encoding...
     let mut s = counts_spec(shape);
     s.extra
         .insert("x_big".into(), Value::String("a".repeat(17 << 20)));
+    assert!(matches!(err(s), WriteError::HeaderTooLarge(_)));
+    // ...or at the end, when the chunk list tips it over.
+    let mut s = counts_spec(shape).with_chunk_scans(1);
+    s.extra
+        .insert("x_big".into(), Value::String("a".repeat((16 << 20) - 1000)));
     let mut w = Writer::in_memory(s).unwrap();
     w.push(&[0; 24]).unwrap();
     assert!(matches!(

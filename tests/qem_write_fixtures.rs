@@ -290,3 +290,21 @@ fn reformatted_header_variants_share_our_body() {
         assert_eq!(body(&ours), body(&theirs), "{variant}");
     }
 }
+
+#[test]
+fn smallest_model_never_grows_a_fixture() {
+    for name in accepted() {
+        if name == "u8-schema1-metadata" {
+            continue;
+        }
+        let (spec, dense) = spec_for(&name);
+        let reference = encode_to_vec(spec.clone(), &dense).unwrap();
+        let smallest = encode_to_vec(spec.with_model(ModelChoice::Smallest), &dense).unwrap();
+        assert!(
+            body(&smallest).len() <= body(&reference).len(),
+            "{name}: {} > {}",
+            body(&smallest).len(),
+            body(&reference).len()
+        );
+    }
+}

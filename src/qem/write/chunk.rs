@@ -96,10 +96,9 @@ pub(crate) fn encode_streams(
                 let mut bytes = Vec::new();
                 let mut lens = Vec::with_capacity(n);
                 let mut sels = Vec::with_capacity(n);
-                for column in tile.chunks_exact(stride).map(|c| &c[..m]) {
-                    let before = bytes.len();
-                    sels.push(stream::encode(column, model, scratch, &mut bytes));
-                    lens.push((bytes.len() - before) as u32);
+                let columns: Vec<&[u16]> = tile.chunks_exact(stride).map(|c| &c[..m]).collect();
+                for batch in columns.chunks(stream::BATCH) {
+                    stream::encode_batch(batch, model, scratch, &mut bytes, &mut lens, &mut sels);
                 }
                 (bytes, lens, sels)
             },

@@ -40,8 +40,9 @@ pub use metadata::{
     SCALED_QUANTIZATION_DESCRIPTION,
 };
 
+use crate::publish::{AtomicFile, Overwrite};
 use chunk::Frames;
-use publish::{io_error, TempFile};
+use publish::{io_error, publish_error, TempFile};
 use spatial::Tiles;
 
 /// Codec identifier of integer counts.
@@ -251,6 +252,10 @@ pub enum WriteError {
     ChunkTooLarge,
     #[error("{path}: no file name to write to")]
     BadPath { path: PathBuf },
+    #[error(
+        "finish() completes writers made by create(), finish_to_vec() those made by in_memory()"
+    )]
+    WrongFinish,
     #[error("{path} already exists; a .qem file is never replaced, choose another name or remove it first")]
     TargetExists { path: PathBuf },
     #[error("I/O error on {path}: {source}")]
@@ -392,7 +397,7 @@ impl Writer {
     pub fn create(path: impl AsRef<Path>, spec: WriteSpec) -> Result<Writer, WriteError> {
         let target = path.as_ref().to_path_buf();
         publish::check_target_free(&target)?;
-        let temp = TempFile::beside(&target, "body")?;
+        let temp = TempFile::spool(&target)?;
         let file = BufWriter::with_capacity(
             1 << 20,
             temp.file.try_clone().map_err(|e| io_error(&temp.path, e))?,
@@ -504,9 +509,12 @@ impl Writer {
         header.insert("version".into(), 1.into());
         header.insert("shape".into(), json!(shape));
         header.insert("scientific_metadata".into(), std::mem::take(&mut sm));
-        // Non-finite numbers cannot enter a serde_json value, but a header
-        // that cannot be serialised is better refused now than after encoding.
-        to_canonical_json(&Value::Object(header.clone()))?;
+        // A header that cannot be serialised, or is already too large
+        // without its chunk list, is better refused now than after encoding.
+        let base = to_canonical_json(&Value::Object(header.clone()))?;
+        if base.len() > MAX_HEADER_BYTES {
+            return Err(WriteError::HeaderTooLarge(base.len()));
+        }
         Ok(Writer {
             target,
             kind,
@@ -724,31 +732,30 @@ impl Writer {
     /// Writes the header and publishes the file under its name.
     pub fn finish(mut self) -> Result<WriteSummary, WriteError> {
         let (head, summary) = self.envelope()?;
-        let target = self.target.clone().ok_or_else(|| WriteError::BadPath {
-            path: PathBuf::new(),
-        })?;
+        let target = self.target.clone().ok_or(WriteError::WrongFinish)?;
         let Sink::Spool { file, temp } =
             std::mem::replace(&mut self.body.sink, Sink::Memory(Vec::new()))
         else {
-            return Err(WriteError::BadPath { path: target });
+            return Err(WriteError::WrongFinish);
         };
         let mut spool = file
             .into_inner()
             .map_err(|e| io_error(&temp.path, e.into_error()))?;
-        let mut out = TempFile::beside(&target, "tmp")?;
-        out.file
+        let mut out = AtomicFile::create(&target, Overwrite::Never).map_err(publish_error)?;
+        let out_path = out.target().to_path_buf();
+        out.file()
             .write_all(&head)
-            .map_err(|e| io_error(&out.path, e))?;
+            .map_err(|e| io_error(&out_path, e))?;
         spool.rewind().map_err(|e| io_error(&temp.path, e))?;
         // File to file: std uses copy_file_range on Linux.
-        let copied = io::copy(&mut spool, &mut out.file).map_err(|e| io_error(&out.path, e))?;
+        let copied = io::copy(&mut spool, out.file()).map_err(|e| io_error(&out_path, e))?;
         if copied != summary.body_bytes {
             return Err(io_error(
-                &out.path,
+                &temp.path,
                 io::Error::new(io::ErrorKind::UnexpectedEof, "spooled body changed size"),
             ));
         }
-        out.publish(&target)?;
+        out.publish().map_err(publish_error)?;
         drop(temp);
         Ok(summary)
     }
@@ -761,9 +768,7 @@ impl Writer {
                 head.extend_from_slice(&body);
                 Ok(head)
             }
-            Sink::Spool { temp, .. } => Err(WriteError::BadPath {
-                path: temp.path.clone(),
-            }),
+            Sink::Spool { .. } => Err(WriteError::WrongFinish),
         }
     }
 }

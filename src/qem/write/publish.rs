@@ -1,10 +1,10 @@
-//! Temporary siblings and atomic publication (spec §2, writer procedure).
+//! The body spool and publication (spec §2, writer procedure).
 //!
-//! The body is spooled to one temporary sibling while it is hashed; the
-//! final file (envelope, header, body copy) is assembled in a second one,
-//! fsynced and hard-linked to the target name. A hard link fails when the
-//! name exists, so an existing file is never replaced, and readers never see
-//! a partial file under the final name.
+//! The body is spooled to a temporary sibling while it is hashed; the final
+//! file (envelope, header, body copy) is assembled by [`crate::publish`],
+//! which fsyncs it and hard-links it to the target name. A hard link fails
+//! when the name exists, so an existing file is never replaced, and readers
+//! never see a partial file under the final name.
 
 use std::fs::{self, File, OpenOptions};
 use std::io;
@@ -22,16 +22,17 @@ pub(crate) fn io_error(path: &Path, source: io::Error) -> WriteError {
     }
 }
 
-/// A file that is removed when dropped unless it was published.
+/// A file that is removed when dropped.
 pub(crate) struct TempFile {
     pub path: PathBuf,
     pub file: File,
-    armed: bool,
 }
 
 impl TempFile {
-    /// Creates `.NAME.KIND-PID-N` beside `target`, exclusively.
-    pub fn beside(target: &Path, kind: &str) -> Result<TempFile, WriteError> {
+    /// Creates `.NAME.tmp-PID-body-N` beside `target`, exclusively; the name
+    /// follows [`crate::publish`]'s pattern so that a spool left by a killed
+    /// writer is cleaned up like its other temporaries.
+    pub fn spool(target: &Path) -> Result<TempFile, WriteError> {
         let name = target
             .file_name()
             .ok_or_else(|| WriteError::BadPath {
@@ -42,56 +43,25 @@ impl TempFile {
         let dir = parent_dir(target);
         loop {
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-            let path = dir.join(format!(".{name}.{kind}-{}-{n}", std::process::id()));
+            let path = dir.join(format!(".{name}.tmp-{}-body-{n}", std::process::id()));
             match OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
                 .open(&path)
             {
-                Ok(file) => {
-                    return Ok(TempFile {
-                        path,
-                        file,
-                        armed: true,
-                    })
-                }
+                Ok(file) => return Ok(TempFile { path, file }),
                 // A stale name from an earlier process with the same pid: take the next.
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(io_error(&path, e)),
             }
         }
     }
-
-    /// Links this (fsynced) file to `target`, removes the temporary name and
-    /// fsyncs the directory.
-    pub fn publish(mut self, target: &Path) -> Result<(), WriteError> {
-        self.file.sync_all().map_err(|e| io_error(&self.path, e))?;
-        if let Err(e) = fs::hard_link(&self.path, target) {
-            return Err(if e.kind() == io::ErrorKind::AlreadyExists {
-                WriteError::TargetExists {
-                    path: target.to_path_buf(),
-                }
-            } else {
-                io_error(target, e)
-            });
-        }
-        self.armed = false;
-        // The published name holds the data now; failing to drop the
-        // temporary name would leave a stray file, so it is reported.
-        fs::remove_file(&self.path).map_err(|e| io_error(&self.path, e))?;
-        let dir = parent_dir(target);
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| io_error(&dir, e))
-    }
 }
 
 impl Drop for TempFile {
     fn drop(&mut self) {
-        if self.armed {
-            let _ = fs::remove_file(&self.path);
-        }
+        let _ = fs::remove_file(&self.path);
     }
 }
 
@@ -110,5 +80,13 @@ pub(crate) fn check_target_free(target: &Path) -> Result<(), WriteError> {
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(io_error(target, e)),
+    }
+}
+
+/// The writer's error for a failed publication.
+pub(crate) fn publish_error(e: crate::publish::PublishError) -> WriteError {
+    match e {
+        crate::publish::PublishError::Exists(path) => WriteError::TargetExists { path },
+        crate::publish::PublishError::Io { path, source } => WriteError::Io { path, source },
     }
 }

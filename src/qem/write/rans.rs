@@ -12,16 +12,17 @@ use crate::qem::tables::{ESCAPE, FREQUENCIES, SCALE_BITS, START, STATE_LOWER, SY
 /// needs the state below 2^21) plus a two-byte escape word.
 const MAX_BYTES_PER_VALUE: usize = 4;
 
+/// Shift of the fixed-point reciprocals.
+const RECIPROCAL_SHIFT: u32 = 41;
+
 /// Per-symbol encoder constants: the division by the frequency is done as a
-/// multiplication by a rounded-up reciprocal (Granlund–Montgomery), exact for
-/// every state below 2^31, because a hardware division per value would
-/// dominate the encoder's time.
+/// multiplication by a rounded-up reciprocal, because a hardware division
+/// per value would dominate the encoder's time. With `r = ceil(2^41 / f)`,
+/// `r·f = 2^41 + e` with `e < f ≤ 2^10`, so for a state `x < 2^31` the error
+/// `x·e / 2^41` stays below 1 part in `f` and `floor(x·r / 2^41) = floor(x / f)`.
 #[derive(Clone, Copy, Default)]
 struct Symbol {
-    /// `ceil(2^(31 + l) / freq)` with `l = ceil(log2 freq)`; below 2^32.
     reciprocal: u64,
-    /// `31 + l`.
-    shift: u32,
     freq: u32,
     start: u32,
     /// States at or above this must shed a byte before coding the symbol.
@@ -35,11 +36,8 @@ fn symbols() -> &'static [[Symbol; SYMBOLS]; TABLES] {
         for (k, row) in t.iter_mut().enumerate() {
             for (s, sym) in row.iter_mut().enumerate() {
                 let f = u32::from(FREQUENCIES[k][s]);
-                let l = 32 - (f - 1).leading_zeros();
-                let shift = 31 + l;
                 *sym = Symbol {
-                    reciprocal: (1u64 << shift).div_ceil(u64::from(f)),
-                    shift,
+                    reciprocal: (1u64 << RECIPROCAL_SHIFT).div_ceil(u64::from(f)),
                     freq: f,
                     start: u32::from(START[k][s]),
                     // (L >> SCALE_BITS) << 8 = 2^21: past this bound one step would leave the state range.
@@ -100,7 +98,7 @@ impl<'a> Lane<'a> {
         self.buf[self.pos - 2] = (x >> 8) as u8;
         self.pos -= n;
         let x = x >> (8 * n);
-        let q = ((u64::from(x) * sym.reciprocal) >> sym.shift) as u32;
+        let q = ((u128::from(x) * u128::from(sym.reciprocal)) >> RECIPROCAL_SHIFT) as u32;
         self.x = (q << SCALE_BITS) + (x - q * sym.freq) + sym.start;
     }
 
@@ -127,23 +125,91 @@ pub(crate) fn encode(
     lane.finish(out)
 }
 
-/// Two tables at once: the two dependency chains of the coder states
-/// overlap in the CPU, so this costs little more than one.
-pub(crate) fn encode_pair(
-    values: &[u16],
-    tables: [usize; 2],
-    scratch: [&mut Scratch; 2],
-    out: [&mut Vec<u8>; 2],
-) -> [usize; 2] {
-    let [s0, s1] = scratch;
-    let mut a = Lane::new(tables[0], values.len(), s0);
-    let mut b = Lane::new(tables[1], values.len(), s1);
-    for &v in values.iter().rev() {
-        a.put(v);
-        b.put(v);
+/// Several trials, each `(values, table)` into the matching scratch and
+/// output slot (cleared first). Trials run in pairs: the two coder states
+/// form independent dependency chains that the CPU overlaps, so a pair
+/// costs little more than one. Paired `values` must have one length.
+pub(crate) fn encode_interleaved(
+    jobs: &[(&[u16], usize)],
+    scratch: &mut [Scratch],
+    outs: &mut [Vec<u8>],
+) {
+    // Up to four at a time, as locals the compiler keeps in registers; a loop
+    // over a slice of lanes would keep the states in memory, on the critical path.
+    let mut slots = scratch.iter_mut().zip(outs.iter_mut());
+    let mut rest = jobs;
+    while !rest.is_empty() {
+        let take = match rest.len() {
+            1 => 1,
+            2 | 3 => 2,
+            _ => 4,
+        };
+        let (now, later) = rest.split_at(take);
+        rest = later;
+        if let [(values, k)] = *now {
+            let Some((s, o)) = slots.next() else { return };
+            o.clear();
+            encode(values, k, s, o);
+            continue;
+        }
+        let m = now.iter().map(|j| j.0.len()).min().unwrap_or(0);
+        let mut lanes = Vec::with_capacity(4);
+        let mut targets = Vec::with_capacity(4);
+        for &(values, k) in now {
+            let Some((s, o)) = slots.next() else { return };
+            lanes.push((Lane::new(k, m, s), &values[..m]));
+            targets.push(o);
+        }
+        let done = match lanes.len() {
+            4 => {
+                let mut it = lanes.into_iter();
+                let (Some((a, va)), Some((b, vb)), Some((c, vc)), Some((d, vd))) =
+                    (it.next(), it.next(), it.next(), it.next())
+                else {
+                    return;
+                };
+                let (a, b, c, d) = run4([a, b, c, d], [va, vb, vc, vd]);
+                vec![a, b, c, d]
+            }
+            2 => {
+                let mut it = lanes.into_iter();
+                let (Some((mut a, va)), Some((mut b, vb))) = (it.next(), it.next()) else {
+                    return;
+                };
+                for (&x, &y) in va.iter().rev().zip(vb.iter().rev()) {
+                    a.put(x);
+                    b.put(y);
+                }
+                vec![a, b]
+            }
+            _ => lanes
+                .into_iter()
+                .map(|(mut a, va)| {
+                    for &x in va.iter().rev() {
+                        a.put(x);
+                    }
+                    a
+                })
+                .collect(),
+        };
+        for (lane, out) in done.into_iter().zip(targets) {
+            out.clear();
+            lane.finish(out);
+        }
     }
-    let [o0, o1] = out;
-    [a.finish(o0), b.finish(o1)]
+}
+
+fn run4<'a>(lanes: [Lane<'a>; 4], values: [&[u16]; 4]) -> (Lane<'a>, Lane<'a>, Lane<'a>, Lane<'a>) {
+    let [mut a, mut b, mut c, mut d] = lanes;
+    let [va, vb, vc, vd] = values;
+    let m = va.len().min(vb.len()).min(vc.len()).min(vd.len());
+    for i in (0..m).rev() {
+        a.put(va[i]);
+        b.put(vb[i]);
+        c.put(vc[i]);
+        d.put(vd[i]);
+    }
+    (a, b, c, d)
 }
 
 #[cfg(test)]
@@ -193,9 +259,7 @@ pub(crate) mod tests {
     #[test]
     fn reciprocal_division_is_exact() {
         for f in 1u32..=1024 {
-            let l = 32 - (f - 1).leading_zeros();
-            let m = (1u64 << (31 + l)).div_ceil(u64::from(f));
-            assert!(m < 1 << 32);
+            let m = (1u64 << RECIPROCAL_SHIFT).div_ceil(u64::from(f));
             let mut xs: Vec<u32> = (0..2048).chain((1 << 31) - 2048..1 << 31).collect();
             xs.extend(
                 (1..=(1u32 << 21))
@@ -205,7 +269,8 @@ pub(crate) mod tests {
                     .flat_map(|x| [x - 1, x]),
             );
             for x in xs {
-                assert_eq!(((u64::from(x) * m) >> (31 + l)) as u32, x / f, "{x} / {f}");
+                let q = (u128::from(x) * u128::from(m)) >> RECIPROCAL_SHIFT;
+                assert_eq!(q as u32, x / f, "{x} / {f}");
             }
         }
     }
@@ -238,13 +303,16 @@ pub(crate) mod tests {
             let n = encode(&values, table, &mut Scratch::default(), &mut out);
             proptest::prop_assert_eq!(n, out.len() - 1);
             proptest::prop_assert_eq!(decode(&out[1..], table, values.len()), Some(values.clone()));
-            let (mut a, mut b) = (Vec::new(), Vec::new());
             let other = 63 - table;
-            encode_pair(&values, [table, other], [&mut Scratch::default(), &mut Scratch::default()], [&mut a, &mut b]);
-            proptest::prop_assert_eq!(&a, &out[1..].to_vec());
+            let mut reversed = values.clone();
+            reversed.reverse();
+            let mut scratch = vec![Scratch::default(), Scratch::default()];
+            let mut outs = vec![Vec::new(), Vec::new()];
+            encode_interleaved(&[(&values, table), (&reversed, other)], &mut scratch, &mut outs);
+            proptest::prop_assert_eq!(&outs[0], &out[1..].to_vec());
             let mut single = Vec::new();
-            encode(&values, other, &mut Scratch::default(), &mut single);
-            proptest::prop_assert_eq!(b, single);
+            encode(&reversed, other, &mut Scratch::default(), &mut single);
+            proptest::prop_assert_eq!(&outs[1], &single);
         }
     }
 }

@@ -37,31 +37,28 @@ impl Tiles {
     pub fn frame_sums(&self, frame: &[u8], wide: bool, valid: &[u16], sums: &mut [u32]) {
         let (small, large) = sums.split_at_mut(self.fields8);
         small.fill(0);
-        let mut values = [0u16; 8];
         for r in 0..self.rows {
             let row = &mut small[(r / 8) * self.cols8..][..self.cols8];
             let base = r * self.cols;
-            for (t, slot) in row.iter_mut().enumerate() {
-                let c0 = t * 8;
-                let n = 8.min(self.cols - c0);
-                let at = base + c0;
-                if wide {
-                    for (v, pair) in values
-                        .iter_mut()
-                        .zip(frame[2 * at..2 * (at + n)].chunks_exact(2))
-                    {
-                        *v = u16::from_le_bytes([pair[0], pair[1]]);
-                    }
-                } else {
-                    for (v, &b) in values.iter_mut().zip(&frame[at..at + n]) {
-                        *v = u16::from(b);
-                    }
+            let masks = valid[base..base + self.cols].chunks(8);
+            if wide {
+                let bytes = frame[2 * base..2 * (base + self.cols)].chunks(16);
+                for (slot, (b, m)) in row.iter_mut().zip(bytes.zip(masks)) {
+                    *slot += b
+                        .chunks_exact(2)
+                        .zip(m)
+                        .map(|(v, &keep)| u32::from(u16::from_le_bytes([v[0], v[1]]) & keep))
+                        .sum::<u32>();
                 }
-                *slot += values[..n]
-                    .iter()
-                    .zip(&valid[at..at + n])
-                    .map(|(&v, &keep)| u32::from(v & keep))
-                    .sum::<u32>();
+            } else {
+                let bytes = frame[base..base + self.cols].chunks(8);
+                for (slot, (b, m)) in row.iter_mut().zip(bytes.zip(masks)) {
+                    *slot += b
+                        .iter()
+                        .zip(m)
+                        .map(|(&v, &keep)| u32::from(u16::from(v) & keep))
+                        .sum::<u32>();
+                }
             }
         }
         // A 32×32 tile is exactly the union of up to 4×4 whole (possibly
