@@ -858,9 +858,14 @@ fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
 }
 
 /// Frame-major dense output from a per-(pixel, frame) element function,
-/// for block frames `t0..t1`, in parallel over frame groups. Each task walks
-/// pixels in order and writes a few frame rows at a time, so reads stay
-/// sequential per stream and writes sequential per row.
+/// for block frames `t0..t1`, in parallel over groups of frame rows.
+///
+/// Work goes in tiles of `TILE` pixels × `TILE` frames: the tile's reads
+/// (`TILE` streams, one cache line each) and writes (`TILE` row segments)
+/// stay in L1. Walking whole rows or whole streams instead makes every
+/// access of the other side land `P` or `m` elements away, and with the
+/// power-of-two strides of real detectors those lines all alias to the same
+/// cache sets.
 fn transpose<const E: usize>(
     out: &mut [u8],
     t0: usize,
@@ -868,21 +873,24 @@ fn transpose<const E: usize>(
     pixels: usize,
     get: impl Fn(usize, usize) -> [u8; E] + Sync,
 ) {
-    const ROWS: usize = 16;
+    const TILE: usize = 32;
     let row_bytes = pixels * E;
     if row_bytes == 0 {
         return;
     }
     debug_assert_eq!(out.len(), (t1 - t0) * row_bytes);
-    out.par_chunks_mut(ROWS * row_bytes)
+    out.par_chunks_mut(TILE * row_bytes)
         .enumerate()
         .for_each(|(g, rows)| {
-            let base = t0 + g * ROWS;
+            let base = t0 + g * TILE;
             let n = rows.len() / row_bytes;
-            for p in 0..pixels {
+            for p0 in (0..pixels).step_by(TILE) {
+                let p1 = (p0 + TILE).min(pixels);
                 for k in 0..n {
-                    let at = k * row_bytes + p * E;
-                    rows[at..at + E].copy_from_slice(&get(p, base + k));
+                    let row = &mut rows[k * row_bytes + p0 * E..k * row_bytes + p1 * E];
+                    for (i, dst) in row.chunks_exact_mut(E).enumerate() {
+                        dst.copy_from_slice(&get(p0 + i, base + k));
+                    }
                 }
             }
         });

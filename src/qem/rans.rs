@@ -47,6 +47,32 @@ pub fn slot_table(k: usize) -> &'static SlotTable {
     &TABLES_CELL.get_or_init(build_tables)[k]
 }
 
+/// One decoding step without end-of-stream tests: the caller guarantees
+/// `i + 4 <= bytes.len()`, enough for two renormalisation bytes and an
+/// escaped u16. Branch-free: the renormalisation shifts in 0, 1 or 2 bytes
+/// read big-endian from `i`, and the escape word is always loaded and
+/// selected.
+#[inline(always)]
+fn step(table: &SlotTable, bytes: &[u8], x: u32, i: usize) -> (u32, usize, u16) {
+    let e = table[(x & SLOT_MASK) as usize];
+    let y = (e >> 16) * (x >> SCALE_BITS) + (e & SLOT_MASK);
+    let n = u32::from(y < STATE_LOWER) + u32::from(y < (1 << 15));
+    // The 4 bytes from i hold the renormalisation bytes and, right after
+    // them, the escape word: one load serves both.
+    let b = &bytes[i..i + 4];
+    let w = u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let y = (y << (8 * n)) | (w >> (32 - 8 * n)) as u32;
+    let after = (w << (8 * n)) as u32;
+    let escaped = (((after >> 24) & 0xff) | ((after >> 8) & 0xff00)) as u16;
+    let j = i + n as usize;
+    let sym = (e >> 10) & 63;
+    if sym == ESCAPE as u32 {
+        (y, j + 2, escaped)
+    } else {
+        (y, j, sym as u16)
+    }
+}
+
 /// One stream being decoded.
 struct Lane<'a> {
     table: &'static SlotTable,
@@ -84,21 +110,10 @@ impl<'a> Lane<'a> {
     /// One step; the caller guarantees `i + 4 <= len`.
     #[inline(always)]
     fn step_fast(&mut self) -> u16 {
-        let e = self.table[(self.x & SLOT_MASK) as usize];
-        let x = (e >> 16) * (self.x >> SCALE_BITS) + (e & SLOT_MASK);
-        let n = u32::from(x < STATE_LOWER) + u32::from(x < (1 << 15));
-        let b = &self.bytes[self.i..self.i + 4];
-        let w = (u32::from(b[0]) << 8) | u32::from(b[1]);
-        self.x = (x << (8 * n)) | (w >> (16 - 8 * n));
-        self.i += n as usize;
-        let sym = (e >> 10) & 63;
-        if sym as usize == ESCAPE {
-            let b = &self.bytes[self.i..self.i + 2];
-            self.i += 2;
-            u16::from_le_bytes([b[0], b[1]])
-        } else {
-            sym as u16
-        }
+        let (x, i, v) = step(self.table, self.bytes, self.x, self.i);
+        self.x = x;
+        self.i = i;
+        v
     }
 
     /// One step with every end-of-stream test of the reference decoder.
@@ -155,48 +170,83 @@ impl<'a> Lane<'a> {
 /// Decodes one rANS stream with table `table` (`< 64`) into `out`
 /// (`out.len()` = the stream's value count).
 pub fn decode(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
+    decode_many([(table, bytes)], [out]).map_err(|(_, f)| f)
+}
+
+/// The reference procedure, step by step with every test; used to name the
+/// exact fault of a stream that the fast path found invalid.
+fn decode_careful(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
     let mut lane = Lane::new(table, bytes)?;
     lane.run(out)?;
     lane.finish()
 }
 
+/// Zero bytes appended to each stream's copy so that the fast path can run
+/// at least `PAD / 4` steps between end-of-buffer tests, however few bytes
+/// a low-entropy stream consumes per step.
+const PAD: usize = 256;
+
 /// Decodes `N` rANS streams of equal value count in lockstep.
 ///
-/// On failure, the index of the failing stream comes with the fault.
+/// Each stream is copied with `PAD` zero bytes after it; the lanes' states
+/// live in local arrays (registers once unrolled), so the `N` dependency
+/// chains overlap and no step tests for the end of its stream. A valid
+/// stream never reads past its end, so reading into the padding means the
+/// stream is invalid: then every lane is decoded again by the careful
+/// reference procedure, which names the fault. On failure, the index of the
+/// failing stream comes with the fault.
 pub fn decode_many<const N: usize>(
     streams: [(usize, &[u8]); N],
     outs: [&mut [u16]; N],
 ) -> Result<(), (usize, StreamFault)> {
     let m = outs[0].len();
-    debug_assert!(outs.iter().all(|o| o.len() == m));
-    let mut lanes: [Option<Lane<'_>>; N] = [const { None }; N];
-    for (j, (table, bytes)) in streams.into_iter().enumerate() {
-        lanes[j] = Some(Lane::new(table, bytes).map_err(|f| (j, f))?);
+    assert!(
+        outs.iter().all(|o| o.len() == m),
+        "lockstep outputs differ in length"
+    );
+    let mut tables: [&SlotTable; N] = [slot_table(0); N];
+    let mut ends = [0usize; N];
+    let mut x = [0u32; N];
+    let mut pos = [0usize; N];
+    let total: usize = streams.iter().map(|(_, b)| b.len() + PAD).sum();
+    let mut buf = Vec::with_capacity(total);
+    for (j, &(table, b)) in streams.iter().enumerate() {
+        let lane = Lane::new(table, b).map_err(|f| (j, f))?;
+        tables[j] = lane.table;
+        x[j] = lane.x;
+        pos[j] = buf.len() + 4;
+        buf.extend_from_slice(b);
+        ends[j] = buf.len();
+        buf.resize(buf.len() + PAD, 0);
     }
-    let mut lanes: [Lane<'_>; N] = lanes.map(|l| l.expect("every lane was set above"));
     let mut outs = outs;
     let mut done = 0;
-    loop {
-        let steps = lanes
-            .iter()
-            .map(Lane::safe_steps)
-            .min()
-            .unwrap_or(0)
-            .min(m - done);
+    // Indexing by lane keeps the N states in registers once unrolled.
+    #[allow(clippy::needless_range_loop)]
+    while done < m {
+        let mut steps = m - done;
+        for j in 0..N {
+            // Lane j's buffer ends PAD bytes after its stream.
+            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j]) / 4);
+        }
         if steps == 0 {
             break;
         }
         for t in done..done + steps {
-            for (lane, out) in lanes.iter_mut().zip(outs.iter_mut()) {
-                out[t] = lane.step_fast();
+            for j in 0..N {
+                let (y, i, v) = step(tables[j], &buf, x[j], pos[j]);
+                x[j] = y;
+                pos[j] = i;
+                outs[j][t] = v;
             }
         }
         done += steps;
     }
-    // Tails: some lane is within 4 bytes of its end, finish each on its own.
-    for (j, (lane, out)) in lanes.iter_mut().zip(outs.iter_mut()).enumerate() {
-        lane.run(&mut out[done..]).map_err(|f| (j, f))?;
-        lane.finish().map_err(|f| (j, f))?;
+    let clean = done == m && (0..N).all(|j| pos[j] == ends[j] && x[j] == STATE_LOWER);
+    if !clean {
+        for (j, ((table, b), out)) in streams.into_iter().zip(outs.iter_mut()).enumerate() {
+            decode_careful(table, b, out).map_err(|f| (j, f))?;
+        }
     }
     Ok(())
 }
