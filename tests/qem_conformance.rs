@@ -522,3 +522,60 @@ fn corrupt_body_is_never_exposed() {
         Err(QemError::BodyChecksum { block: 0 })
     ));
 }
+
+#[test]
+fn worked_example_of_the_spec() {
+    // §16: the annotated file, checked against the figures of its prose.
+    let f = QemFile::open(dir().join("u8-worked-example.qem")).unwrap();
+    assert_eq!(
+        (f.file_bytes(), f.header_bytes(), f.body_bytes()),
+        (1142, 996, 90)
+    );
+    let valid = f.valid_mask().unwrap();
+    assert_eq!(valid.as_bytes(), [0xec]);
+    assert!(!valid.is_valid(3));
+    let mut out = vec![0u8; f.dense_bytes().unwrap()];
+    f.read_all(&mut out).unwrap();
+    assert_eq!(out, [0, 1, 7, 0, 200, 3, 0, 2, 7, 0, 0, 3]);
+    // Field 0 (8×8 tile) and field 1 (32×32 tile) of frame 0: 211 and 12
+    // cannot both be right unless pixel (1,0) is excluded; frame 1 is 12.
+    assert_eq!(f.spatial_sums(Tile::Px8, 0..2).unwrap(), [211, 12]);
+    assert_eq!(f.spatial_sums(Tile::Px32, 0..2).unwrap(), [211, 12]);
+    let report = f.validate(ValidationLevel::Full).unwrap();
+    assert_eq!(report.model_selectors, [253, 254, 255]);
+    assert_eq!(report.invalid_pixels, Some(1));
+    assert_eq!(report.spatial_index_verified, Some(true));
+}
+
+#[test]
+fn files_are_shared_between_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<QemFile>();
+}
+
+#[test]
+fn metadata_is_typed_and_canonical() {
+    use qemfs::qem::metadata::{Schema, ACCELERATING_VOLTAGE, PIXEL_SIZE_ROW};
+    let v2 = QemFile::open(dir().join("u8-mixed-13x7.qem")).unwrap();
+    let v1 = QemFile::open(dir().join("u8-schema1-metadata.qem")).unwrap();
+    assert_eq!(v1.metadata().schema, Schema::V1);
+    for f in [&v2, &v1] {
+        let md = f.metadata();
+        let kv = md.effective(ACCELERATING_VOLTAGE).unwrap();
+        assert_eq!((kv.unit.as_str(), kv.value), ("kV", 300.0));
+        let row = md.effective_axis_sampling(0).unwrap();
+        assert_eq!(row.unit, "angstrom");
+        assert!((row.value - 0.4).abs() < 1e-12, "{}", row.value);
+        assert_eq!(md.recorded(PIXEL_SIZE_ROW).unwrap().unit, "angstrom");
+        assert_eq!(md.axes[3].sampling.as_ref().unwrap().unit, "1/angstrom");
+        assert!(md.calibration_overrides.is_empty());
+    }
+    // Schema 1 keeps what was stored next to the canonical value.
+    let stored = v1
+        .metadata()
+        .recorded(ACCELERATING_VOLTAGE)
+        .unwrap()
+        .stored
+        .clone();
+    assert_eq!(stored, Some((300000.0, "V".to_string())));
+}
