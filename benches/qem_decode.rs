@@ -1,7 +1,8 @@
 //! Decode speed of the `.qem` reader: plain timing program (`harness = false`).
 //!
 //! Run: `cargo bench --bench qem_decode` (optionally `-- SCANS_SIDE DET_SIDE`,
-//! default 64 and 128).
+//! default 64 and 128). With `QEM_BENCH_RANS_ONLY=1` it runs nothing but
+//! the 4-lane rANS loop, for `perf stat` on machines with counters.
 //!
 //! The writer lives elsewhere, so this program builds its own input: a
 //! minimal integer-codec encoder (the spec's §7.1 rANS encoder via
@@ -328,6 +329,19 @@ fn main() {
             rans::decode_many(ins, outs).unwrap();
         }
     });
+    if std::env::var_os("QEM_BENCH_RANS_ONLY").is_some() {
+        // For `perf stat`: nothing but the lockstep loop, repeated.
+        for _ in 0..20 {
+            for (group, o) in streams.chunks_exact(4).zip(out.chunks_exact_mut(4 * m)) {
+                let outs: Vec<&mut [u16]> = o.chunks_exact_mut(m).collect();
+                let outs: [&mut [u16]; 4] = outs.try_into().unwrap();
+                let ins: [(usize, &[u8]); 4] =
+                    std::array::from_fn(|j| (group[j].0, &group[j].1[..]));
+                rans::decode_many(ins, outs).unwrap();
+            }
+        }
+        return;
+    }
     let rans_bytes: usize = streams.iter().map(|s| s.1.len()).sum();
     println!(
         "rANS only ({} streams x {m}, {rans_bytes} coded bytes), 1 core:",
