@@ -151,6 +151,15 @@ fn check_accepted(e: &Value) -> Vec<String> {
             bad.push(format!("{name}: block {k} geometry"));
         }
         covered += info.frames;
+        let mid = info.first_frame + info.frames / 2;
+        let within = info.frame_bytes_in_block(mid, fb);
+        if within != Some((mid - info.first_frame) * fb..(mid - info.first_frame + 1) * fb)
+            || info
+                .frame_bytes_in_block(info.first_frame + info.frames, fb)
+                .is_some()
+        {
+            bad.push(format!("{name}: block {k} frame lookup"));
+        }
         match f.decode_block(k) {
             Ok(out)
                 if out[..]
