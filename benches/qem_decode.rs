@@ -1,8 +1,8 @@
 //! Decode speed of the `.qem` reader: plain timing program (`harness = false`).
 //!
 //! Run: `cargo bench --bench qem_decode` (optionally `-- SCANS_SIDE DET_SIDE`,
-//! default 64 and 128). With `QEM_BENCH_RANS_ONLY=1` it runs nothing but
-//! the 4-lane rANS loop, for `perf stat` on machines with counters.
+//! default 64 and 128). With `QEM_BENCH_ONLY=rans` (or `whole`) it runs
+//! nothing but the 4-lane rANS loop (or whole-array decoding), for profilers.
 //!
 //! The writer lives elsewhere, so this program builds its own input: a
 //! minimal integer-codec encoder (the spec's §7.1 rANS encoder via
@@ -329,7 +329,16 @@ fn main() {
             rans::decode_many(ins, outs).unwrap();
         }
     });
-    if std::env::var_os("QEM_BENCH_RANS_ONLY").is_some() {
+    let only = std::env::var("QEM_BENCH_ONLY").unwrap_or_default();
+    if only == "whole" {
+        // For profilers: nothing but whole-array decoding, repeated.
+        let mut out = vec![0u8; qem.dense_bytes().unwrap()];
+        for _ in 0..5 {
+            qem.read_all(&mut out).unwrap();
+        }
+        return;
+    }
+    if only == "rans" {
         // For `perf stat`: nothing but the lockstep loop, repeated.
         for _ in 0..20 {
             for (group, o) in streams.chunks_exact(4).zip(out.chunks_exact_mut(4 * m)) {
