@@ -65,7 +65,7 @@ pub fn decode(selector: u8, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamF
 /// selectors, all already bound-checked against the body and integrity
 /// verified.
 #[derive(Clone, Copy)]
-pub struct StreamTable<'a> {
+pub(crate) struct StreamTable<'a> {
     pub payload: &'a [u8],
     pub offsets: &'a [u8],
     pub selectors: &'a [u8],
@@ -120,15 +120,6 @@ impl<'a> StreamTable<'a> {
     pub fn stream(&self, s: usize) -> (u8, &'a [u8]) {
         let (a, b) = (self.offset(s), self.offset(s + 1));
         (self.selectors[s], &self.payload[a..b])
-    }
-
-    /// Checks selector and length of every stream (`m` values each).
-    pub fn check_streams(&self, m: usize) -> Result<(), (usize, StreamFault)> {
-        for s in 0..self.count() {
-            let (sel, bytes) = self.stream(s);
-            check_length(sel, bytes.len(), m, self.float).map_err(|f| (s, f))?;
-        }
-        Ok(())
     }
 
     /// Decodes streams `first..first + out.len() / m` into `out`,
