@@ -264,6 +264,16 @@ fn check_accepted(e: &Value) -> Vec<String> {
         e.get("model_selectors").and_then(Value::as_array),
     ) {
         let want: BTreeSet<u8> = list.iter().map(|v| v.as_u64().unwrap() as u8).collect();
+        let json = serde_json::to_value(&report).unwrap();
+        if json["codec"] != e["codec"] || json["shape"] != e["shape"] || json["level"] != "quick" {
+            bad.push(format!("{name}: report JSON {json}"));
+        }
+        if json["chunk_table"] != e["chunks"] {
+            bad.push(format!(
+                "{name}: report chunk table {}",
+                json["chunk_table"]
+            ));
+        }
         if report
             .model_selectors
             .iter()
