@@ -362,6 +362,19 @@ impl QemFile {
     /// stream with a stride of `m` across megabytes, which cost more than the
     /// entropy decoding itself.
     fn block_dense(&self, info: &BlockInfo, t0: usize, t1: usize, out: &mut [u8]) -> Result<()> {
+        self.block_strips(info, t0, t1, out, false)
+    }
+
+    /// [`block_dense`](Self::block_dense), or with `raw_codes` the stored
+    /// u16 values (little-endian) of an integer or scaled block.
+    fn block_strips(
+        &self,
+        info: &BlockInfo,
+        t0: usize,
+        t1: usize,
+        out: &mut [u8],
+        raw_codes: bool,
+    ) -> Result<()> {
         let c = info.chunk;
         let chunk = &self.layout.chunks[c];
         let table = self.stream_table(c)?;
@@ -370,7 +383,11 @@ impl QemFile {
         self.checked(self.payload_span(chunk, &table, first, count))?;
         let m = info.frames;
         let spp = count / p_count;
-        let e = self.decoded_dtype().size();
+        let e = if raw_codes {
+            2
+        } else {
+            self.decoded_dtype().size()
+        };
         let rows = t1 - t0;
         // About 16 Ki decoded values per group.
         let group = (16384 / (m * spp)).max(8);
@@ -380,7 +397,10 @@ impl QemFile {
             .region
             .and_then(|r| self.calibration().and_then(|cal| cal.regions.get(r)))
             .map(|r| (r.scale, r.offset));
-        let codec = self.codec();
+        let codec = match self.codec() {
+            Codec::Scaled if raw_codes => Codec::Integer,
+            other => other,
+        };
         let strips: Vec<Result<Vec<u8>>> = (0..groups)
             .into_par_iter()
             .map(|g| {
@@ -493,10 +513,8 @@ impl QemFile {
             ));
         }
         check_len("code buffer", out.len(), info.frames * self.pixels())?;
-        let cols = self.block_columns(&info)?;
-        let (m, p_count) = (info.frames, self.pixels());
         let mut bytes = vec![0u8; out.len() * 2];
-        transpose::<2>(&mut bytes, 0, m, p_count, |p, t| u32::from(cols[p * m + t]));
+        self.block_strips(&info, 0, info.frames, &mut bytes, true)?;
         for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
             *o = u16::from_le_bytes([b[0], b[1]]);
         }
@@ -922,37 +940,4 @@ fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// Frame-major dense output from a per-(pixel, frame) element function
-/// (the element's little-endian bytes, `E` of them), for block frames
-/// `t0..t1`, in parallel over groups of frame rows.
-///
-/// Rows are written sequentially and streams read with stride `m`; measured
-/// here, this beat 32×32 tiling through a local buffer, whose extra copy
-/// costs more than the strided reads it saves (they stay in L2 for the
-/// frames of one row group).
-fn transpose<const E: usize>(
-    out: &mut [u8],
-    t0: usize,
-    t1: usize,
-    pixels: usize,
-    get: impl Fn(usize, usize) -> u32 + Sync,
-) {
-    const ROWS: usize = 8;
-    let row_bytes = pixels * E;
-    if row_bytes == 0 {
-        return;
-    }
-    debug_assert_eq!(out.len(), (t1 - t0) * row_bytes);
-    out.par_chunks_mut(ROWS * row_bytes)
-        .enumerate()
-        .for_each(|(g, rows)| {
-            for (k, row) in rows.chunks_exact_mut(row_bytes).enumerate() {
-                let t = t0 + g * ROWS + k;
-                for (p, d) in row.chunks_exact_mut(E).enumerate() {
-                    d.copy_from_slice(&get(p, t).to_le_bytes()[..E]);
-                }
-            }
-        });
 }
