@@ -598,3 +598,33 @@ fn metadata_is_typed_and_canonical() {
         .clone();
     assert_eq!(stored, Some((300000.0, "V".to_string())));
 }
+
+#[test]
+fn quick_validation_checks_structure_but_decodes_nothing() {
+    let quick = |n: &str| {
+        QemFile::open(dir().join(format!("{n}.qem")))
+            .and_then(|f| f.validate(ValidationLevel::Quick))
+    };
+    // Stream tables are structure: quick sees them (upstream's validator
+    // checks them for float files only).
+    for n in [
+        "bad-float-model-selector",
+        "bad-stream-offset-end",
+        "bad-stream-offsets-decreasing",
+        "bad-model-selector",
+    ] {
+        assert!(quick(n).is_err(), "{n}");
+    }
+    // Entropy-coded content needs decoding: only full validation sees it.
+    for n in [
+        "bad-rans-final-state",
+        "bad-rans-trailing-byte",
+        "bad-rans-initial-state",
+        "bad-sparse-order",
+        "bad-value-exceeds-uint8",
+        "bad-float-logical-checksum",
+    ] {
+        let report = quick(n).unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert!(!report.decoded);
+    }
+}
