@@ -220,6 +220,43 @@ fn check_accepted(e: &Value) -> Vec<String> {
         }
     }
 
+    // Raw streams decode, with the crate's own stream decoder, to the same
+    // values.
+    for k in 0..f.blocks().len() {
+        let raw = match f.raw_block_streams(k) {
+            Ok(raw) => raw,
+            Err(err) => {
+                bad.push(format!("{name}: raw streams of block {k}: {err}"));
+                continue;
+            }
+        };
+        let off = |j: usize| {
+            u32::from_le_bytes(raw.offsets[4 * j..4 * j + 4].try_into().unwrap()) as usize
+        };
+        let mut values = vec![0u16; raw.frames];
+        for j in 0..raw.streams {
+            let bytes = &raw.payload[off(j)..off(j + 1)];
+            qemfs::qem::stream::decode(raw.selectors[j], bytes, &mut values).unwrap();
+            let (p, half) = if f.codec() == Codec::Float {
+                (j / 2, j % 2)
+            } else {
+                (j, 0)
+            };
+            let want: Vec<u16> = raw
+                .block
+                .frame_range()
+                .map(|t| match f.codec() {
+                    Codec::Float => (stored[t * p_count + p] >> (16 * half)) as u16,
+                    _ => stored[t * p_count + p] as u16,
+                })
+                .collect();
+            if values != want {
+                bad.push(format!("{name}: raw stream {j} of block {k} differs"));
+                break;
+            }
+        }
+    }
+
     // Spatial sums from the index equal sums of decoded valid counts.
     if f.codec() == Codec::Integer {
         let [_, _, r, c] = f.shape();

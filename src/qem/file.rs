@@ -69,6 +69,28 @@ pub enum PixelValues {
     F32Bits(Vec<u32>),
 }
 
+/// The stored streams of one block, integrity verified and structurally
+/// checked (offsets in bounds and nondecreasing, selectors known, lengths
+/// fitting their selectors), for decoders outside this crate (GPU).
+#[derive(Debug, Clone, Copy)]
+pub struct RawBlockStreams<'a> {
+    pub block: BlockInfo,
+    /// The chunk's whole stream payload; `offsets` index into it.
+    pub payload: &'a [u8],
+    /// `streams + 1` little-endian u32 offsets into `payload`: stream `j`
+    /// of this block is `payload[offsets[j]..offsets[j + 1]]`.
+    pub offsets: &'a [u8],
+    /// One model selector per stream.
+    pub selectors: &'a [u8],
+    /// Streams in this block: `P`, or `2P` float lanes (`2p` low half,
+    /// `2p + 1` high half of pixel `p`).
+    pub streams: usize,
+    /// Chunk-relative index of the block's first stream (for error sites).
+    pub first_stream: usize,
+    /// Values per stream (`m`).
+    pub frames: usize,
+}
+
 /// An opened `.qem` file.
 pub struct QemFile {
     source: Source,
@@ -483,6 +505,24 @@ impl QemFile {
                 }
             });
         Ok(())
+    }
+
+    /// The verified, structurally checked streams of `block`, undecoded.
+    pub fn raw_block_streams(&self, block: usize) -> Result<RawBlockStreams<'_>> {
+        let info = *self.block_info(block)?;
+        let chunk = &self.layout.chunks[info.chunk];
+        let table = self.stream_table(info.chunk)?;
+        let payload = self.checked(chunk.payload.clone())?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        Ok(RawBlockStreams {
+            block: info,
+            payload,
+            offsets: &table.offsets[4 * first..4 * (first + count + 1)],
+            selectors: &table.selectors[first..first + count],
+            streams: count,
+            first_stream: first,
+            frames: info.frames,
+        })
     }
 
     /// Decodes one block into dense bytes of the decoded dtype (frame-major,

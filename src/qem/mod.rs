@@ -30,7 +30,7 @@ pub mod validate;
 mod xml;
 
 pub use error::{ErrorKind, QemError, StreamFault, StreamSite};
-pub use file::{PixelStreams, PixelValues, QemFile};
+pub use file::{PixelStreams, PixelValues, QemFile, RawBlockStreams};
 pub use header::{Codec, Dtype, Header, ValidMask};
 pub use layout::{BlockInfo, Chunk};
 pub use metadata::{Quantity, ScientificMetadata};
