@@ -665,3 +665,38 @@ fn quick_validation_checks_structure_but_decodes_nothing() {
         assert!(!report.decoded);
     }
 }
+
+#[test]
+fn errors_can_be_cached() {
+    fn clonable<T: Clone + Send + Sync + 'static>() {}
+    clonable::<QemError>();
+    let missing = QemFile::open(dir().join("no-such-file.qem")).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::Io);
+    assert!(!missing.is_corrupt_data());
+    assert_eq!(missing.clone().to_string(), missing.to_string());
+}
+
+#[test]
+fn decoded_blocks_go_through_the_block_cache() {
+    use qemfs::cache::BlockCache;
+    use std::sync::Arc;
+    let f = QemFile::open(dir().join("u8-two-block-chunks.qem")).unwrap();
+    let cache: BlockCache<usize, Vec<u8>, QemError> = BlockCache::new(1 << 20);
+    let fb = f.frame_bytes();
+    let mut frame = vec![0u8; fb];
+    for t in [0, 700, 1100, 1199] {
+        let info = *f.block_of_frame(t).unwrap();
+        let block = cache
+            .get_or_load(&info.index, || f.decode_block(info.index).map(Arc::new))
+            .unwrap();
+        f.read_frame(t, &mut frame).unwrap();
+        assert_eq!(block[info.frame_bytes_in_block(t, fb).unwrap()], frame[..]);
+    }
+    // A corrupt body fails the load, and every later read, by name.
+    let bad = QemFile::open(dir().join("bad-body-checksum.qem")).unwrap();
+    let cache: BlockCache<usize, Vec<u8>, QemError> = BlockCache::new(1 << 20);
+    let err = cache
+        .get_or_load(&0, || bad.decode_block(0).map(Arc::new))
+        .unwrap_err();
+    assert!(matches!(err, QemError::BodyChecksum { block: 0 }));
+}
