@@ -151,6 +151,15 @@ fn check_accepted(e: &Value) -> Vec<String> {
             bad.push(format!("{name}: block {k} geometry"));
         }
         covered += info.frames;
+        let mid = info.first_frame + info.frames / 2;
+        let within = info.frame_bytes_in_block(mid, fb);
+        if within != Some((mid - info.first_frame) * fb..(mid - info.first_frame + 1) * fb)
+            || info
+                .frame_bytes_in_block(info.first_frame + info.frames, fb)
+                .is_some()
+        {
+            bad.push(format!("{name}: block {k} frame lookup"));
+        }
         match f.decode_block(k) {
             Ok(out)
                 if out[..]
@@ -211,6 +220,43 @@ fn check_accepted(e: &Value) -> Vec<String> {
         }
     }
 
+    // Raw streams decode, with the crate's own stream decoder, to the same
+    // values.
+    for k in 0..f.blocks().len() {
+        let raw = match f.raw_block_streams(k) {
+            Ok(raw) => raw,
+            Err(err) => {
+                bad.push(format!("{name}: raw streams of block {k}: {err}"));
+                continue;
+            }
+        };
+        let off = |j: usize| {
+            u32::from_le_bytes(raw.offsets[4 * j..4 * j + 4].try_into().unwrap()) as usize
+        };
+        let mut values = vec![0u16; raw.frames];
+        for j in 0..raw.streams {
+            let bytes = &raw.payload[off(j)..off(j + 1)];
+            qemfs::qem::stream::decode(raw.selectors[j], bytes, &mut values).unwrap();
+            let (p, half) = if f.codec() == Codec::Float {
+                (j / 2, j % 2)
+            } else {
+                (j, 0)
+            };
+            let want: Vec<u16> = raw
+                .block
+                .frame_range()
+                .map(|t| match f.codec() {
+                    Codec::Float => (stored[t * p_count + p] >> (16 * half)) as u16,
+                    _ => stored[t * p_count + p] as u16,
+                })
+                .collect();
+            if values != want {
+                bad.push(format!("{name}: raw stream {j} of block {k} differs"));
+                break;
+            }
+        }
+    }
+
     // Spatial sums from the index equal sums of decoded valid counts.
     if f.codec() == Codec::Integer {
         let [_, _, r, c] = f.shape();
@@ -255,6 +301,16 @@ fn check_accepted(e: &Value) -> Vec<String> {
         e.get("model_selectors").and_then(Value::as_array),
     ) {
         let want: BTreeSet<u8> = list.iter().map(|v| v.as_u64().unwrap() as u8).collect();
+        let json = serde_json::to_value(&report).unwrap();
+        if json["codec"] != e["codec"] || json["shape"] != e["shape"] || json["level"] != "quick" {
+            bad.push(format!("{name}: report JSON {json}"));
+        }
+        if json["chunk_table"] != e["chunks"] {
+            bad.push(format!(
+                "{name}: report chunk table {}",
+                json["chunk_table"]
+            ));
+        }
         if report
             .model_selectors
             .iter()
@@ -521,4 +577,126 @@ fn corrupt_body_is_never_exposed() {
         f.validate(ValidationLevel::Quick),
         Err(QemError::BodyChecksum { block: 0 })
     ));
+}
+
+#[test]
+fn worked_example_of_the_spec() {
+    // §16: the annotated file, checked against the figures of its prose.
+    let f = QemFile::open(dir().join("u8-worked-example.qem")).unwrap();
+    assert_eq!(
+        (f.file_bytes(), f.header_bytes(), f.body_bytes()),
+        (1142, 996, 90)
+    );
+    let valid = f.valid_mask().unwrap();
+    assert_eq!(valid.as_bytes(), [0xec]);
+    assert!(!valid.is_valid(3));
+    let mut out = vec![0u8; f.dense_bytes().unwrap()];
+    f.read_all(&mut out).unwrap();
+    assert_eq!(out, [0, 1, 7, 0, 200, 3, 0, 2, 7, 0, 0, 3]);
+    // Field 0 (8×8 tile) and field 1 (32×32 tile) of frame 0: 211 and 12
+    // cannot both be right unless pixel (1,0) is excluded; frame 1 is 12.
+    assert_eq!(f.spatial_sums(Tile::Px8, 0..2).unwrap(), [211, 12]);
+    assert_eq!(f.spatial_sums(Tile::Px32, 0..2).unwrap(), [211, 12]);
+    let report = f.validate(ValidationLevel::Full).unwrap();
+    assert_eq!(report.model_selectors, [253, 254, 255]);
+    assert_eq!(report.invalid_pixels, Some(1));
+    assert_eq!(report.spatial_index_verified, Some(true));
+}
+
+#[test]
+fn files_are_shared_between_threads() {
+    fn shareable<T: Send + Sync>() {}
+    shareable::<QemFile>();
+}
+
+#[test]
+fn metadata_is_typed_and_canonical() {
+    use qemfs::qem::metadata::{Schema, ACCELERATING_VOLTAGE, PIXEL_SIZE_ROW};
+    let v2 = QemFile::open(dir().join("u8-mixed-13x7.qem")).unwrap();
+    let v1 = QemFile::open(dir().join("u8-schema1-metadata.qem")).unwrap();
+    assert_eq!(v1.metadata().schema, Schema::V1);
+    for f in [&v2, &v1] {
+        let md = f.metadata();
+        let kv = md.effective(ACCELERATING_VOLTAGE).unwrap();
+        assert_eq!((kv.unit.as_str(), kv.value), ("kV", 300.0));
+        let row = md.effective_axis_sampling(0).unwrap();
+        assert_eq!(row.unit, "angstrom");
+        assert!((row.value - 0.4).abs() < 1e-12, "{}", row.value);
+        assert_eq!(md.recorded(PIXEL_SIZE_ROW).unwrap().unit, "angstrom");
+        assert_eq!(md.axes[3].sampling.as_ref().unwrap().unit, "1/angstrom");
+        assert!(md.calibration_overrides.is_empty());
+    }
+    // Schema 1 keeps what was stored next to the canonical value.
+    let stored = v1
+        .metadata()
+        .recorded(ACCELERATING_VOLTAGE)
+        .unwrap()
+        .stored
+        .clone();
+    assert_eq!(stored, Some((300000.0, "V".to_string())));
+}
+
+#[test]
+fn quick_validation_checks_structure_but_decodes_nothing() {
+    let quick = |n: &str| {
+        QemFile::open(dir().join(format!("{n}.qem")))
+            .and_then(|f| f.validate(ValidationLevel::Quick))
+    };
+    // Stream tables are structure: quick sees them (upstream's validator
+    // checks them for float files only).
+    for n in [
+        "bad-float-model-selector",
+        "bad-stream-offset-end",
+        "bad-stream-offsets-decreasing",
+        "bad-model-selector",
+    ] {
+        assert!(quick(n).is_err(), "{n}");
+    }
+    // Entropy-coded content needs decoding: only full validation sees it.
+    for n in [
+        "bad-rans-final-state",
+        "bad-rans-trailing-byte",
+        "bad-rans-initial-state",
+        "bad-sparse-order",
+        "bad-value-exceeds-uint8",
+        "bad-float-logical-checksum",
+    ] {
+        let report = quick(n).unwrap_or_else(|e| panic!("{n}: {e}"));
+        assert!(!report.decoded);
+    }
+}
+
+#[test]
+fn errors_can_be_cached() {
+    fn clonable<T: Clone + Send + Sync + 'static>() {}
+    clonable::<QemError>();
+    let missing = QemFile::open(dir().join("no-such-file.qem")).unwrap_err();
+    assert_eq!(missing.kind(), ErrorKind::Io);
+    assert!(!missing.is_corrupt_data());
+    assert_eq!(missing.clone().to_string(), missing.to_string());
+}
+
+#[test]
+fn decoded_blocks_go_through_the_block_cache() {
+    use qemfs::cache::BlockCache;
+    use std::sync::Arc;
+    let f = QemFile::open(dir().join("u8-two-block-chunks.qem")).unwrap();
+    let cache: BlockCache<usize, Vec<u8>, QemError> = BlockCache::new(1 << 20);
+    let fb = f.frame_bytes();
+    let mut frame = vec![0u8; fb];
+    for t in [0, 700, 1100, 1199] {
+        let info = *f.block_of_frame(t).unwrap();
+        let block = cache
+            .get_or_load(&info.index, || f.decode_block(info.index).map(Arc::new))
+            .unwrap();
+        f.read_frame(t, &mut frame).unwrap();
+        assert_eq!(block[info.frame_bytes_in_block(t, fb).unwrap()], frame[..]);
+    }
+    // A corrupt body fails the load, and every later read, by name.
+    let bad = QemFile::open(dir().join("bad-body-checksum.qem")).unwrap();
+    let cache: BlockCache<usize, Vec<u8>, QemError> = BlockCache::new(1 << 20);
+    let err = cache
+        .get_or_load(&0, || bad.decode_block(0).map(Arc::new))
+        .unwrap_err();
+    assert!(matches!(err, QemError::BodyChecksum { block: 0 }));
 }

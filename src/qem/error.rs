@@ -95,10 +95,12 @@ impl fmt::Display for StreamSite {
     }
 }
 
-#[derive(Debug, thiserror::Error)]
+/// Errors are `Clone` (I/O errors shared behind an `Arc`) so that a block
+/// cache can hand one failed load to every waiter.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum QemError {
     #[error("cannot read the file: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::sync::Arc<std::io::Error>),
 
     #[error("not a complete QEM file ({reason}); choose a .qem file")]
     NotQem { reason: String },
@@ -201,6 +203,12 @@ pub enum QemError {
         index: usize,
         limit: usize,
     },
+}
+
+impl From<std::io::Error> for QemError {
+    fn from(e: std::io::Error) -> Self {
+        QemError::Io(std::sync::Arc::new(e))
+    }
 }
 
 fn chunk_suffix(chunk: Option<usize>) -> String {

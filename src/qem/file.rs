@@ -69,6 +69,28 @@ pub enum PixelValues {
     F32Bits(Vec<u32>),
 }
 
+/// The stored streams of one block, integrity verified and structurally
+/// checked (offsets in bounds and nondecreasing, selectors known, lengths
+/// fitting their selectors), for decoders outside this crate (GPU).
+#[derive(Debug, Clone, Copy)]
+pub struct RawBlockStreams<'a> {
+    pub block: BlockInfo,
+    /// The chunk's whole stream payload; `offsets` index into it.
+    pub payload: &'a [u8],
+    /// `streams + 1` little-endian u32 offsets into `payload`: stream `j`
+    /// of this block is `payload[offsets[j]..offsets[j + 1]]`.
+    pub offsets: &'a [u8],
+    /// One model selector per stream.
+    pub selectors: &'a [u8],
+    /// Streams in this block: `P`, or `2P` float lanes (`2p` low half,
+    /// `2p + 1` high half of pixel `p`).
+    pub streams: usize,
+    /// Chunk-relative index of the block's first stream (for error sites).
+    pub first_stream: usize,
+    /// Values per stream (`m`).
+    pub frames: usize,
+}
+
 /// An opened `.qem` file.
 pub struct QemFile {
     source: Source,
@@ -352,39 +374,155 @@ impl QemFile {
         Ok(cols)
     }
 
-    /// Writes frames `t0..t1` (block-relative) of decoded columns as dense
-    /// bytes of the decoded dtype.
-    fn columns_to_dense(
+    /// Decodes `block` and writes its frames `t0..t1` (block-relative) as
+    /// dense bytes of the decoded dtype.
+    ///
+    /// Pixels are decoded in small groups, in parallel: each group's streams
+    /// go to a scratch buffer that stays in cache, are turned frame-major
+    /// into a strip `w` pixels wide, and the strips are then copied into the
+    /// output rows. Transposing a whole block at once instead reads every
+    /// stream with a stride of `m` across megabytes, which cost more than the
+    /// entropy decoding itself.
+    fn block_dense(&self, info: &BlockInfo, t0: usize, t1: usize, out: &mut [u8]) -> Result<()> {
+        self.block_strips(info, t0, t1, out, false)
+    }
+
+    /// [`block_dense`](Self::block_dense), or with `raw_codes` the stored
+    /// u16 values (little-endian) of an integer or scaled block.
+    fn block_strips(
         &self,
         info: &BlockInfo,
-        cols: &[u16],
         t0: usize,
         t1: usize,
         out: &mut [u8],
-    ) {
-        let m = info.frames;
+        raw_codes: bool,
+    ) -> Result<()> {
+        let c = info.chunk;
+        let chunk = &self.layout.chunks[c];
+        let table = self.stream_table(c)?;
         let p_count = self.pixels();
-        match (self.codec(), self.stored_dtype()) {
-            (Codec::Integer, Dtype::U8) => {
-                transpose::<1>(out, t0, t1, p_count, |p, t| [cols[p * m + t] as u8])
-            }
-            (Codec::Integer, _) => {
-                transpose::<2>(out, t0, t1, p_count, |p, t| cols[p * m + t].to_le_bytes())
-            }
-            (Codec::Scaled, _) => {
-                let region = self.layout.chunks[info.chunk]
-                    .region
-                    .and_then(|r| self.calibration().and_then(|cal| cal.regions.get(r)));
-                let (scale, offset) = region.map_or((1.0, 0.0), |r| (r.scale, r.offset));
-                transpose::<4>(out, t0, t1, p_count, |p, t| {
-                    ((f64::from(cols[p * m + t]) * scale + offset) as f32).to_le_bytes()
-                })
-            }
-            (Codec::Float, _) => transpose::<4>(out, t0, t1, p_count, |p, t| {
-                (u32::from(cols[2 * p * m + t]) | (u32::from(cols[(2 * p + 1) * m + t]) << 16))
-                    .to_le_bytes()
-            }),
+        let (first, count) = block_streams(self.codec(), p_count, info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let m = info.frames;
+        let spp = count / p_count;
+        let e = if raw_codes {
+            2
+        } else {
+            self.decoded_dtype().size()
+        };
+        let rows = t1 - t0;
+        // About 16 Ki decoded values per group.
+        let group = (16384 / (m * spp)).max(8);
+        let groups = p_count.div_ceil(group);
+        let u8_counts = self.stored_dtype() == Dtype::U8;
+        let calibration = chunk
+            .region
+            .and_then(|r| self.calibration().and_then(|cal| cal.regions.get(r)))
+            .map(|r| (r.scale, r.offset));
+        let codec = match self.codec() {
+            Codec::Scaled if raw_codes => Codec::Integer,
+            other => other,
+        };
+        let strips: Vec<Result<Vec<u8>>> = (0..groups)
+            .into_par_iter()
+            .map(|g| {
+                let p0 = g * group;
+                let w = group.min(p_count - p0);
+                let s0 = first + p0 * spp;
+                let mut scratch = vec![0u16; w * spp * m];
+                table
+                    .decode_range(s0, m, &mut scratch)
+                    .map_err(|(s, fault)| QemError::Stream {
+                        site: StreamSite {
+                            chunk: c,
+                            stream: s,
+                        },
+                        fault,
+                    })?;
+                if u8_counts {
+                    if let Some(j) = scratch.iter().position(|&v| v > 255) {
+                        return Err(QemError::ValueRange {
+                            site: StreamSite {
+                                chunk: c,
+                                stream: s0 + j / m,
+                            },
+                            value: scratch[j],
+                            dtype: "uint8",
+                        });
+                    }
+                }
+                let mut strip = vec![0u8; rows * w * e];
+                let col = |i: usize, t: usize| scratch[i * m + t];
+                for (k, seg) in strip.chunks_exact_mut(w * e).enumerate() {
+                    let t = t0 + k;
+                    match (codec, e) {
+                        (Codec::Integer, 1) => {
+                            for (i, d) in seg.iter_mut().enumerate() {
+                                *d = col(i, t) as u8;
+                            }
+                        }
+                        (Codec::Integer, _) => {
+                            for (i, d) in seg.chunks_exact_mut(2).enumerate() {
+                                d.copy_from_slice(&col(i, t).to_le_bytes());
+                            }
+                        }
+                        (Codec::Scaled, _) => {
+                            let (scale, offset) = calibration.unwrap_or((1.0, 0.0));
+                            for (i, d) in seg.chunks_exact_mut(4).enumerate() {
+                                let v = (f64::from(col(i, t)) * scale + offset) as f32;
+                                d.copy_from_slice(&v.to_le_bytes());
+                            }
+                        }
+                        (Codec::Float, _) => {
+                            for (i, d) in seg.chunks_exact_mut(4).enumerate() {
+                                let bits =
+                                    u32::from(col(2 * i, t)) | (u32::from(col(2 * i + 1, t)) << 16);
+                                d.copy_from_slice(&bits.to_le_bytes());
+                            }
+                        }
+                    }
+                }
+                Ok(strip)
+            })
+            .collect();
+        let strips = strips.into_iter().collect::<Result<Vec<_>>>()?;
+        let row_bytes = p_count * e;
+        if row_bytes == 0 || rows == 0 {
+            return Ok(());
         }
+        let rows_per_task = (65536 / row_bytes).max(1);
+        out.par_chunks_mut(rows_per_task * row_bytes)
+            .enumerate()
+            .for_each(|(task, chunk_rows)| {
+                for (j, row) in chunk_rows.chunks_exact_mut(row_bytes).enumerate() {
+                    let k = task * rows_per_task + j;
+                    for (g, strip) in strips.iter().enumerate() {
+                        let p0 = g * group;
+                        let w = group.min(p_count - p0);
+                        row[p0 * e..(p0 + w) * e]
+                            .copy_from_slice(&strip[k * w * e..(k + 1) * w * e]);
+                    }
+                }
+            });
+        Ok(())
+    }
+
+    /// The verified, structurally checked streams of `block`, undecoded.
+    pub fn raw_block_streams(&self, block: usize) -> Result<RawBlockStreams<'_>> {
+        let info = *self.block_info(block)?;
+        let chunk = &self.layout.chunks[info.chunk];
+        let table = self.stream_table(info.chunk)?;
+        let payload = self.checked(chunk.payload.clone())?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        Ok(RawBlockStreams {
+            block: info,
+            payload,
+            offsets: &table.offsets[4 * first..4 * (first + count + 1)],
+            selectors: &table.selectors[first..first + count],
+            streams: count,
+            first_stream: first,
+            frames: info.frames,
+        })
     }
 
     /// Decodes one block into dense bytes of the decoded dtype (frame-major,
@@ -401,9 +539,7 @@ impl QemFile {
     pub fn decode_block_into(&self, block: usize, out: &mut [u8]) -> Result<()> {
         let info = *self.block_info(block)?;
         check_len("block buffer", out.len(), info.decoded_bytes)?;
-        let cols = self.block_columns(&info)?;
-        self.columns_to_dense(&info, &cols, 0, info.frames, out);
-        Ok(())
+        self.block_dense(&info, 0, info.frames, out)
     }
 
     /// Stored u16 values of one block, frame-major: the counts of the
@@ -417,14 +553,10 @@ impl QemFile {
             ));
         }
         check_len("code buffer", out.len(), info.frames * self.pixels())?;
-        let cols = self.block_columns(&info)?;
-        let (m, p_count) = (info.frames, self.pixels());
         let mut bytes = vec![0u8; out.len() * 2];
-        transpose::<2>(&mut bytes, 0, m, p_count, |p, t| {
-            cols[p * m + t].to_ne_bytes()
-        });
+        self.block_strips(&info, 0, info.frames, &mut bytes, true)?;
         for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *o = u16::from_ne_bytes([b[0], b[1]]);
+            *o = u16::from_le_bytes([b[0], b[1]]);
         }
         Ok(())
     }
@@ -461,9 +593,8 @@ impl QemFile {
             let info = *self.block_of_frame(f)?;
             let t0 = f - info.first_frame;
             let t1 = (frames.end - info.first_frame).min(info.frames);
-            let cols = self.block_columns(&info)?;
             let at = (f - frames.start) * fb;
-            self.columns_to_dense(&info, &cols, t0, t1, &mut out[at..at + (t1 - t0) * fb]);
+            self.block_dense(&info, t0, t1, &mut out[at..at + (t1 - t0) * fb])?;
             f = info.first_frame + t1;
         }
         Ok(())
@@ -486,11 +617,7 @@ impl QemFile {
         }
         let results: Vec<Result<()>> = parts
             .into_par_iter()
-            .map(|(info, part)| {
-                let cols = self.block_columns(info)?;
-                self.columns_to_dense(info, &cols, 0, info.frames, part);
-                Ok(())
-            })
+            .map(|(info, part)| self.block_dense(info, 0, info.frames, part))
             .collect();
         results.into_iter().collect::<Result<()>>()?;
         if let Some(expected) = &self.header.logical_sha256 {
@@ -810,19 +937,17 @@ impl QemFile {
             }
             let dense: Vec<Result<Option<Vec<u8>>>> = blocks[i..j]
                 .par_iter()
-                .map(|info| {
-                    let cols = self.block_columns(info)?;
-                    match self.codec() {
-                        Codec::Integer => {
-                            self.check_spatial(info, &cols)?;
-                            Ok(None)
-                        }
-                        Codec::Scaled => Ok(None),
-                        Codec::Float => {
-                            let mut out = vec![0u8; info.decoded_bytes];
-                            self.columns_to_dense(info, &cols, 0, info.frames, &mut out);
-                            Ok(Some(out))
-                        }
+                .map(|info| match self.codec() {
+                    Codec::Integer => {
+                        let cols = self.block_columns(info)?;
+                        self.check_spatial(info, &cols)?;
+                        Ok(None)
+                    }
+                    Codec::Scaled => self.block_columns(info).map(|_| None),
+                    Codec::Float => {
+                        let mut out = vec![0u8; info.decoded_bytes];
+                        self.block_dense(info, 0, info.frames, &mut out)?;
+                        Ok(Some(out))
                     }
                 })
                 .collect();
@@ -855,35 +980,4 @@ fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {
         });
     }
     Ok(())
-}
-
-/// Frame-major dense output from a per-(pixel, frame) element function,
-/// for block frames `t0..t1`, in parallel over frame groups. Each task walks
-/// pixels in order and writes a few frame rows at a time, so reads stay
-/// sequential per stream and writes sequential per row.
-fn transpose<const E: usize>(
-    out: &mut [u8],
-    t0: usize,
-    t1: usize,
-    pixels: usize,
-    get: impl Fn(usize, usize) -> [u8; E] + Sync,
-) {
-    const ROWS: usize = 16;
-    let row_bytes = pixels * E;
-    if row_bytes == 0 {
-        return;
-    }
-    debug_assert_eq!(out.len(), (t1 - t0) * row_bytes);
-    out.par_chunks_mut(ROWS * row_bytes)
-        .enumerate()
-        .for_each(|(g, rows)| {
-            let base = t0 + g * ROWS;
-            let n = rows.len() / row_bytes;
-            for p in 0..pixels {
-                for k in 0..n {
-                    let at = k * row_bytes + p * E;
-                    rows[at..at + E].copy_from_slice(&get(p, base + k));
-                }
-            }
-        });
 }

@@ -128,6 +128,15 @@ mod tests {
     }
 
     #[test]
+    fn deep_nesting_is_an_error_not_a_stack_overflow() {
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(matches!(
+            parse_strict(deep.as_bytes()),
+            Err(QemError::Json { .. })
+        ));
+    }
+
+    #[test]
     fn ordinary_json_parses_with_order_kept() {
         let v = parse_strict(b" {\n \"z\": [1, 2.5, null, true], \"a\": \"x\" } ").unwrap();
         let keys: Vec<_> = v.as_object().unwrap().keys().cloned().collect();

@@ -71,6 +71,15 @@ impl BlockInfo {
     pub fn frame_range(&self) -> Range<usize> {
         self.first_frame..self.first_frame + self.frames
     }
+
+    /// Where global frame `frame` lies in this block's decoded bytes, for
+    /// frames of `frame_bytes` bytes; `None` if the block does not hold it.
+    pub fn frame_bytes_in_block(&self, frame: usize, frame_bytes: usize) -> Option<Range<usize>> {
+        let k = frame
+            .checked_sub(self.first_frame)
+            .filter(|&k| k < self.frames)?;
+        Some(k * frame_bytes..(k + 1) * frame_bytes)
+    }
 }
 
 /// The whole chunk table.

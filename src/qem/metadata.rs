@@ -906,3 +906,227 @@ fn check_thickness(v: &Value, at: &str) -> Result<bool, QemError> {
         Some(_) => Err(err(format!("{at}.preferred"), "must be a boolean")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SHAPE: [u64; 4] = [1, 2, 2, 3];
+
+    fn base() -> Value {
+        json!({
+            "axes": [
+                {"name": "scan_row", "size": 1},
+                {"name": "scan_column", "size": 2},
+                {"name": "detector_row", "size": 2},
+                {"name": "detector_column", "size": 3}
+            ],
+            "processing": [{"changes_measurements": false, "operation": "lossless_storage"}],
+            "schema": SCHEMA_2,
+            "source_metadata": {},
+            "source_metadata_coverage": "unknown"
+        })
+    }
+
+    fn with(key: &str, v: Value) -> Value {
+        let mut b = base();
+        b[key] = v;
+        b
+    }
+
+    fn q(value: f64, unit: &str) -> Value {
+        json!({"value": value, "unit": unit, "provenance": "user_override", "evidence": "measured"})
+    }
+
+    #[test]
+    fn smallest_object_is_accepted() {
+        let md = ScientificMetadata::parse(&base(), &SHAPE).unwrap();
+        assert_eq!(md.schema, Schema::V2);
+        assert!(ScientificMetadata::parse(&base(), &[1, 2, 2, 4]).is_err());
+    }
+
+    #[test]
+    fn overrides_take_precedence_and_follow_the_rules() {
+        let ov = json!({PIXEL_SIZE_ROW: q(0.5, "angstrom"), PIXEL_SIZE_COLUMN: q(0.5, "angstrom"),
+                        ACCELERATING_VOLTAGE: q(200.0, "kV")});
+        let mut v = with("calibration_overrides", ov);
+        v["electron_microscope"] =
+            json!({ACCELERATING_VOLTAGE: {"value": 300.0, "unit": "kV", "provenance": "file"}});
+        let md = ScientificMetadata::parse(&v, &SHAPE).unwrap();
+        assert_eq!(md.effective(ACCELERATING_VOLTAGE).unwrap().value, 200.0);
+        assert_eq!(md.recorded(ACCELERATING_VOLTAGE).unwrap().value, 300.0);
+        assert_eq!(md.effective_axis_sampling(0).unwrap().value, 0.5);
+        assert!(md.effective_axis_sampling(2).is_none());
+
+        let bad = [
+            json!({PIXEL_SIZE_ROW: q(0.5, "angstrom")}),
+            json!({PIXEL_SIZE_ROW: q(0.5, "angstrom"), PIXEL_SIZE_COLUMN: q(0.5, "nm")}),
+            json!({PIXEL_SIZE_ROW: q(1e5, "angstrom"), PIXEL_SIZE_COLUMN: q(1e5, "angstrom")}),
+            json!({ACCELERATING_VOLTAGE: {"value": 1.0, "unit": "kV", "provenance": "file", "evidence": "x"}}),
+            json!({ACCELERATING_VOLTAGE: {"value": 1.0, "unit": "kV", "provenance": "user_override"}}),
+            json!({BEAM_ENERGY: q(1.0, "keV")}),
+            json!({"scan_controller/regular_scan/pixel_size_y": q(1.0, "angstrom")}),
+        ];
+        for b in bad {
+            let e = ScientificMetadata::parse(&with("calibration_overrides", b.clone()), &SHAPE);
+            assert!(matches!(e, Err(QemError::Metadata { .. })), "{b}");
+        }
+    }
+
+    #[test]
+    fn quantities_and_units() {
+        let em = |u: &str, v: Value| with("electron_microscope", json!({u: v}));
+        let ok = em(
+            CAMERA_LENGTH,
+            json!({"value": 100.0, "unit": "mm", "provenance": "file"}),
+        );
+        assert!(ScientificMetadata::parse(&ok, &SHAPE).is_ok());
+        let other = em(
+            "detector/gain",
+            json!({"value": 2.0, "unit": "e/count", "provenance": "file"}),
+        );
+        assert!(ScientificMetadata::parse(&other, &SHAPE).is_ok());
+        for bad in [
+            em(
+                CAMERA_LENGTH,
+                json!({"value": 0.1, "unit": "m", "provenance": "file"}),
+            ),
+            em(
+                CAMERA_LENGTH,
+                json!({"value": -1.0, "unit": "mm", "provenance": "file"}),
+            ),
+            em(
+                CAMERA_LENGTH,
+                json!({"value": true, "unit": "mm", "provenance": "file"}),
+            ),
+            em(
+                CAMERA_LENGTH,
+                json!({"value": 1.0, "unit": "mm", "provenance": "  "}),
+            ),
+            em(
+                "detector/gain",
+                json!({"value": 1.0, "unit": "", "provenance": "file"}),
+            ),
+        ] {
+            assert!(ScientificMetadata::parse(&bad, &SHAPE).is_err(), "{bad}");
+        }
+        // Schema 1 converts known units and refuses unknown ones.
+        let mut v1 = em(
+            CAMERA_LENGTH,
+            json!({"value": 0.1, "unit": "m", "provenance": "file"}),
+        );
+        v1["schema"] = json!(SCHEMA_1);
+        let md = ScientificMetadata::parse(&v1, &SHAPE).unwrap();
+        assert_eq!(md.recorded(CAMERA_LENGTH).unwrap().value, 100.0);
+        v1["electron_microscope"][CAMERA_LENGTH]["unit"] = json!("inch");
+        assert!(ScientificMetadata::parse(&v1, &SHAPE).is_err());
+        let mut v3 = base();
+        v3["schema"] = json!("quantem.scientific-metadata/3");
+        assert!(matches!(
+            ScientificMetadata::parse(&v3, &SHAPE),
+            Err(QemError::UnsupportedVersion { .. })
+        ));
+    }
+
+    #[test]
+    fn source_documents() {
+        let doc = |media: &str, content: &str, sha: Option<&str>| {
+            let sha = sha.map_or_else(|| hex(&Sha256::digest(content.as_bytes())), str::to_string);
+            with(
+                "source_documents",
+                json!([{"filename": "a.xml", "mediaType": media, "content": content, "sha256": sha}]),
+            )
+        };
+        assert!(
+            ScientificMetadata::parse(&doc("application/xml", "<a><b/></a>", None), &SHAPE).is_ok()
+        );
+        assert!(
+            ScientificMetadata::parse(&doc("application/json", "{\"a\": 1}", None), &SHAPE).is_ok()
+        );
+        for bad in [
+            doc("application/xml", "<a><b></a>", None),
+            doc("application/xml", "<!DOCTYPE a><a/>", None),
+            doc("application/json", "[1]", None),
+            doc("application/json", "{\"a\": NaN}", None),
+            doc("text/plain", "x", None),
+            doc("application/json", "{}", Some(&"0".repeat(64))),
+        ] {
+            assert!(ScientificMetadata::parse(&bad, &SHAPE).is_err());
+        }
+    }
+
+    #[test]
+    fn declared_processing() {
+        let md = ScientificMetadata::parse(&base(), &SHAPE).unwrap();
+        let meta = |v: Value| v.as_object().cloned();
+        assert!(md
+            .check_declared_processing(
+                meta(json!({"hot_pixel_correction": {"applied": true}})).as_ref(),
+                "uint16"
+            )
+            .is_err());
+        assert!(md
+            .check_declared_processing(
+                meta(json!({"hot_pixel_correction": {"applied": false}})).as_ref(),
+                "uint16"
+            )
+            .is_ok());
+        assert!(md
+            .check_declared_processing(
+                meta(json!({"flagged_markers_stored_as_zero": 1})).as_ref(),
+                "uint16"
+            )
+            .is_err());
+        assert!(md
+            .check_declared_processing(meta(json!({"source_dtype": "uint16"})).as_ref(), "uint16")
+            .is_ok());
+        let mut v = base();
+        v["processing"] = json!([{"operation": "exact_integer_narrowing", "changes_measurements": false,
+                                   "source_dtype": "uint32", "stored_dtype": "uint16"}]);
+        let md = ScientificMetadata::parse(&v, &SHAPE).unwrap();
+        assert!(md
+            .check_declared_processing(meta(json!({"source_dtype": "uint32"})).as_ref(), "uint16")
+            .is_ok());
+        assert!(md
+            .check_declared_processing(meta(json!({"source_dtype": "int32"})).as_ref(), "uint16")
+            .is_err());
+    }
+
+    #[test]
+    fn sample_declarations() {
+        let ok = json!({"provenance": "operator", "geometry": "plan-view", "growth_direction": [0, 0, 1],
+            "components": {"film": {"role": "film", "zone_axis": [1, 1, 0],
+                "thickness_estimates": [{"method": "nominal", "unit": "angstrom", "value": 50.0,
+                    "range": [40.0, 60.0], "region": {"rows": [0, 1], "cols": [0, 2]}, "preferred": true}]}},
+            "components_in_view": ["film"]});
+        assert!(ScientificMetadata::parse(&with("sample", ok.clone()), &SHAPE).is_ok());
+        let mut edits: Vec<Value> = Vec::new();
+        for (path, v) in [
+            ("/provenance", json!("")),
+            ("/geometry", json!("side")),
+            ("/growth_direction", json!([0, 0, 0])),
+            ("/components/film/role", json!("lid")),
+            ("/components/film/thickness_estimates/0/unit", json!("nm")),
+            (
+                "/components/film/thickness_estimates/0/range",
+                json!([60.0, 40.0]),
+            ),
+            (
+                "/components/film/thickness_estimates/0/region",
+                json!({"rows": [1, 1], "cols": [0, 2]}),
+            ),
+            ("/components_in_view", json!(["substrate"])),
+        ] {
+            let mut s = ok.clone();
+            *s.pointer_mut(path).unwrap() = v;
+            edits.push(s);
+        }
+        for s in edits {
+            assert!(
+                ScientificMetadata::parse(&with("sample", s.clone()), &SHAPE).is_err(),
+                "{s}"
+            );
+        }
+    }
+}

@@ -1,4 +1,17 @@
 //! The `.qem` container (see `shared/spec/qem.md`).
+//!
+//! Reading: [`QemFile::open`] (memory-mapped) or [`QemFile::from_bytes`]
+//! checks the envelope, the header, the scientific metadata and the chunk
+//! table; body bytes are verified per 64 MiB checksum block on first use.
+//! Access paths, all decoding in parallel with rayon:
+//! [`QemFile::read_frame`], [`QemFile::read_frames`],
+//! [`QemFile::decode_block`] (a 512-scan block, or a float chunk; see
+//! [`QemFile::blocks`] for the global index, frame range and decoded size),
+//! [`QemFile::decode_pixels`], [`QemFile::read_all`],
+//! [`QemFile::read_all_codes`] / [`QemFile::decode_block_codes`] (stored
+//! u16 values), [`QemFile::spatial_sums`] (tile sums without decoding).
+//! [`QemFile::validate`] runs the `quick` or `full` checks and returns a
+//! [`ValidationReport`].
 
 pub mod checksum;
 pub mod envelope;
@@ -19,7 +32,7 @@ pub mod write;
 mod xml;
 
 pub use error::{ErrorKind, QemError, StreamFault, StreamSite};
-pub use file::{PixelStreams, PixelValues, QemFile};
+pub use file::{PixelStreams, PixelValues, QemFile, RawBlockStreams};
 pub use header::{Codec, Dtype, Header, ValidMask};
 pub use layout::{BlockInfo, Chunk};
 pub use metadata::{Quantity, ScientificMetadata};

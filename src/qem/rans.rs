@@ -47,6 +47,32 @@ pub fn slot_table(k: usize) -> &'static SlotTable {
     &TABLES_CELL.get_or_init(build_tables)[k]
 }
 
+/// One decoding step without end-of-stream tests: the caller guarantees
+/// `i + 4 <= bytes.len()`, enough for two renormalisation bytes and an
+/// escaped u16. Branch-free: the renormalisation shifts in 0, 1 or 2 bytes
+/// read big-endian from `i`, and the escape word is always loaded and
+/// selected.
+#[inline(always)]
+fn step(table: &SlotTable, bytes: &[u8], x: u32, i: usize) -> (u32, usize, u16) {
+    let e = table[(x & SLOT_MASK) as usize];
+    let y = (e >> 16) * (x >> SCALE_BITS) + (e & SLOT_MASK);
+    let n = u32::from(y < STATE_LOWER) + u32::from(y < (1 << 15));
+    // The 4 bytes from i hold the renormalisation bytes and, right after
+    // them, the escape word: one load serves both.
+    let b = &bytes[i..i + 4];
+    let w = u64::from(u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    let y = (y << (8 * n)) | (w >> (32 - 8 * n)) as u32;
+    let after = (w << (8 * n)) as u32;
+    let escaped = (((after >> 24) & 0xff) | ((after >> 8) & 0xff00)) as u16;
+    let j = i + n as usize;
+    let sym = (e >> 10) & 63;
+    if sym == ESCAPE as u32 {
+        (y, j + 2, escaped)
+    } else {
+        (y, j, sym as u16)
+    }
+}
+
 /// One stream being decoded.
 struct Lane<'a> {
     table: &'static SlotTable,
@@ -57,6 +83,9 @@ struct Lane<'a> {
 
 impl<'a> Lane<'a> {
     fn new(table: usize, bytes: &'a [u8]) -> Result<Self, StreamFault> {
+        if table >= TABLES {
+            return Err(StreamFault::UnknownSelector(table.min(255) as u8));
+        }
         if bytes.len() < 4 {
             return Err(StreamFault::Length {
                 selector: table as u8,
@@ -84,21 +113,10 @@ impl<'a> Lane<'a> {
     /// One step; the caller guarantees `i + 4 <= len`.
     #[inline(always)]
     fn step_fast(&mut self) -> u16 {
-        let e = self.table[(self.x & SLOT_MASK) as usize];
-        let x = (e >> 16) * (self.x >> SCALE_BITS) + (e & SLOT_MASK);
-        let n = u32::from(x < STATE_LOWER) + u32::from(x < (1 << 15));
-        let b = &self.bytes[self.i..self.i + 4];
-        let w = (u32::from(b[0]) << 8) | u32::from(b[1]);
-        self.x = (x << (8 * n)) | (w >> (16 - 8 * n));
-        self.i += n as usize;
-        let sym = (e >> 10) & 63;
-        if sym as usize == ESCAPE {
-            let b = &self.bytes[self.i..self.i + 2];
-            self.i += 2;
-            u16::from_le_bytes([b[0], b[1]])
-        } else {
-            sym as u16
-        }
+        let (x, i, v) = step(self.table, self.bytes, self.x, self.i);
+        self.x = x;
+        self.i = i;
+        v
     }
 
     /// One step with every end-of-stream test of the reference decoder.
@@ -155,50 +173,130 @@ impl<'a> Lane<'a> {
 /// Decodes one rANS stream with table `table` (`< 64`) into `out`
 /// (`out.len()` = the stream's value count).
 pub fn decode(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
+    decode_many([(table, bytes)], [out]).map_err(|(_, f)| f)
+}
+
+/// The reference procedure, step by step with every test; used to name the
+/// exact fault of a stream that the fast path found invalid.
+fn decode_careful(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
     let mut lane = Lane::new(table, bytes)?;
     lane.run(out)?;
     lane.finish()
 }
 
+/// Zero bytes appended to each stream's copy so that the fast path can run
+/// at least `PAD / 4` steps between end-of-buffer tests, however few bytes
+/// a low-entropy stream consumes per step.
+const PAD: usize = 256;
+
 /// Decodes `N` rANS streams of equal value count in lockstep.
 ///
-/// On failure, the index of the failing stream comes with the fault.
+/// Each stream is copied with `PAD` zero bytes after it; the lanes' states
+/// live in local arrays (registers once unrolled), so the `N` dependency
+/// chains overlap and no step tests for the end of its stream. A valid
+/// stream never reads past its end, so reading into the padding means the
+/// stream is invalid: then every lane is decoded again by the careful
+/// reference procedure, which names the fault. On failure, the index of the
+/// failing stream comes with the fault.
 pub fn decode_many<const N: usize>(
     streams: [(usize, &[u8]); N],
     outs: [&mut [u16]; N],
 ) -> Result<(), (usize, StreamFault)> {
     let m = outs[0].len();
-    debug_assert!(outs.iter().all(|o| o.len() == m));
-    let mut lanes: [Option<Lane<'_>>; N] = [const { None }; N];
-    for (j, (table, bytes)) in streams.into_iter().enumerate() {
-        lanes[j] = Some(Lane::new(table, bytes).map_err(|f| (j, f))?);
+    assert!(
+        outs.iter().all(|o| o.len() == m),
+        "lockstep outputs differ in length"
+    );
+    let mut tables: [&SlotTable; N] = [slot_table(0); N];
+    let mut ends = [0usize; N];
+    let mut x = [0u32; N];
+    let mut pos = [0usize; N];
+    let total: usize = streams.iter().map(|(_, b)| b.len() + PAD).sum();
+    let mut buf = Vec::with_capacity(total);
+    for (j, &(table, b)) in streams.iter().enumerate() {
+        let lane = Lane::new(table, b).map_err(|f| (j, f))?;
+        tables[j] = lane.table;
+        x[j] = lane.x;
+        pos[j] = buf.len() + 4;
+        buf.extend_from_slice(b);
+        ends[j] = buf.len();
+        buf.resize(buf.len() + PAD, 0);
     }
-    let mut lanes: [Lane<'_>; N] = lanes.map(|l| l.expect("every lane was set above"));
     let mut outs = outs;
     let mut done = 0;
-    loop {
-        let steps = lanes
-            .iter()
-            .map(Lane::safe_steps)
-            .min()
-            .unwrap_or(0)
-            .min(m - done);
+    while done < m {
+        let mut steps = m - done;
+        for j in 0..N {
+            // Lane j's buffer ends PAD bytes after its stream.
+            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j]) / 4);
+        }
         if steps == 0 {
             break;
         }
-        for t in done..done + steps {
-            for (lane, out) in lanes.iter_mut().zip(outs.iter_mut()) {
-                out[t] = lane.step_fast();
+        let range = done..done + steps;
+        if let Ok(four) = <&mut [&mut [u16]; 4]>::try_from(&mut outs[..]) {
+            run4(&tables, &buf, &mut x, &mut pos, four, range);
+        } else {
+            // Indexing by lane keeps small N in registers once unrolled.
+            #[allow(clippy::needless_range_loop)]
+            for t in range {
+                for j in 0..N {
+                    let (y, i, v) = step(tables[j], &buf, x[j], pos[j]);
+                    x[j] = y;
+                    pos[j] = i;
+                    outs[j][t] = v;
+                }
             }
         }
         done += steps;
     }
-    // Tails: some lane is within 4 bytes of its end, finish each on its own.
-    for (j, (lane, out)) in lanes.iter_mut().zip(outs.iter_mut()).enumerate() {
-        lane.run(&mut out[done..]).map_err(|f| (j, f))?;
-        lane.finish().map_err(|f| (j, f))?;
+    let clean = done == m && (0..N).all(|j| pos[j] == ends[j] && x[j] == STATE_LOWER);
+    if !clean {
+        for (j, ((table, b), out)) in streams.into_iter().zip(outs.iter_mut()).enumerate() {
+            decode_careful(table, b, out).map_err(|f| (j, f))?;
+        }
     }
     Ok(())
+}
+
+/// The lockstep loop for four lanes, written out so that the four states
+/// and positions stay in registers (a loop over lanes kept them in memory).
+#[inline(always)]
+fn run4<const N: usize>(
+    tables: &[&SlotTable; N],
+    buf: &[u8],
+    x: &mut [u32; N],
+    pos: &mut [usize; N],
+    outs: &mut [&mut [u16]; 4],
+    range: std::ops::Range<usize>,
+) {
+    let [o0, o1, o2, o3] = outs;
+    let (o0, o1, o2, o3) = (
+        &mut o0[range.clone()],
+        &mut o1[range.clone()],
+        &mut o2[range.clone()],
+        &mut o3[range],
+    );
+    let (t0, t1, t2, t3) = (tables[0], tables[1], tables[2], tables[3]);
+    let (mut x0, mut x1, mut x2, mut x3) = (x[0], x[1], x[2], x[3]);
+    let (mut p0, mut p1, mut p2, mut p3) = (pos[0], pos[1], pos[2], pos[3]);
+    for (((v0, v1), v2), v3) in o0
+        .iter_mut()
+        .zip(o1.iter_mut())
+        .zip(o2.iter_mut())
+        .zip(o3.iter_mut())
+    {
+        let (a, i, v) = step(t0, buf, x0, p0);
+        (x0, p0, *v0) = (a, i, v);
+        let (a, i, v) = step(t1, buf, x1, p1);
+        (x1, p1, *v1) = (a, i, v);
+        let (a, i, v) = step(t2, buf, x2, p2);
+        (x2, p2, *v2) = (a, i, v);
+        let (a, i, v) = step(t3, buf, x3, p3);
+        (x3, p3, *v3) = (a, i, v);
+    }
+    (x[0], x[1], x[2], x[3]) = (x0, x1, x2, x3);
+    (pos[0], pos[1], pos[2], pos[3]) = (p0, p1, p2, p3);
 }
 
 /// Encoder of §7.1, used by tests and benchmarks to make streams.
@@ -286,6 +384,51 @@ mod tests {
             decode(63, &[0, 0, 0x80], &mut out),
             Err(StreamFault::Length { .. })
         ));
+        assert!(matches!(
+            decode(64, &good, &mut out),
+            Err(StreamFault::UnknownSelector(64))
+        ));
+    }
+
+    #[test]
+    fn fast_path_agrees_with_the_reference_procedure_on_damaged_streams() {
+        let mut seed = 0x9abc_def0u64;
+        let mut rnd = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for round in 0..2000 {
+            let m = 1 + (rnd() % 300) as usize;
+            let v: Vec<u16> = (0..m)
+                .map(|_| match rnd() % 30 {
+                    0 => (rnd() % 65536) as u16,
+                    1..=4 => (rnd() % 40) as u16,
+                    _ => (rnd() % 2) as u16,
+                })
+                .collect();
+            let table = round % 64;
+            let mut bytes = encode(table, &v);
+            match rnd() % 4 {
+                0 => {
+                    let k = (rnd() as usize) % bytes.len();
+                    bytes[k] ^= 1 << (rnd() % 8);
+                }
+                1 => {
+                    bytes.truncate((rnd() as usize) % bytes.len());
+                }
+                2 => bytes.push(rnd() as u8),
+                _ => {}
+            }
+            let (mut fast, mut careful) = (vec![0u16; m], vec![0u16; m]);
+            let a = decode(table, &bytes, &mut fast);
+            let b = decode_careful(table, &bytes, &mut careful);
+            assert_eq!(a, b, "round {round}");
+            if a.is_ok() {
+                assert_eq!(fast, careful);
+            }
+        }
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub fn decode(selector: u8, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamF
 /// selectors, all already bound-checked against the body and integrity
 /// verified.
 #[derive(Clone, Copy)]
-pub struct StreamTable<'a> {
+pub(crate) struct StreamTable<'a> {
     pub payload: &'a [u8],
     pub offsets: &'a [u8],
     pub selectors: &'a [u8],
@@ -122,18 +122,9 @@ impl<'a> StreamTable<'a> {
         (self.selectors[s], &self.payload[a..b])
     }
 
-    /// Checks selector and length of every stream (`m` values each).
-    pub fn check_streams(&self, m: usize) -> Result<(), (usize, StreamFault)> {
-        for s in 0..self.count() {
-            let (sel, bytes) = self.stream(s);
-            check_length(sel, bytes.len(), m, self.float).map_err(|f| (s, f))?;
-        }
-        Ok(())
-    }
-
     /// Decodes streams `first..first + out.len() / m` into `out`,
-    /// stream-major (`m` values per stream). rANS streams are decoded four
-    /// at a time in lockstep. A failure names the stream (chunk-relative).
+    /// stream-major (`m` values per stream). rANS streams are decoded
+    /// [`LOCKSTEP`] at a time. A failure names the stream (chunk-relative).
     pub fn decode_range(
         &self,
         first: usize,
@@ -143,15 +134,15 @@ impl<'a> StreamTable<'a> {
         if m == 0 {
             return Ok(());
         }
-        let mut pending: Vec<(usize, usize, &[u8], &mut [u16])> = Vec::with_capacity(4);
+        let mut pending: Vec<(usize, usize, &[u8], &mut [u16])> = Vec::with_capacity(LOCKSTEP);
         for (j, col) in out.chunks_exact_mut(m).enumerate() {
             let s = first + j;
             let (sel, bytes) = self.stream(s);
             check_length(sel, bytes.len(), m, self.float).map_err(|f| (s, f))?;
             if sel < RANS_TABLES {
                 pending.push((s, usize::from(sel), bytes, col));
-                if pending.len() == 4 {
-                    decode_four(&mut pending)?;
+                if pending.len() == LOCKSTEP {
+                    decode_lockstep(&mut pending)?;
                 }
             } else {
                 decode(sel, bytes, col).map_err(|f| (s, f))?;
@@ -164,19 +155,21 @@ impl<'a> StreamTable<'a> {
     }
 }
 
-fn decode_four(
+/// Streams decoded in lockstep by [`StreamTable::decode_range`].
+pub const LOCKSTEP: usize = 4;
+
+fn decode_lockstep(
     pending: &mut Vec<(usize, usize, &[u8], &mut [u16])>,
 ) -> Result<(), (usize, StreamFault)> {
-    let mut it = pending.drain(..);
-    let (Some(a), Some(b), Some(c), Some(d)) = (it.next(), it.next(), it.next(), it.next()) else {
-        unreachable!("called with exactly four pending streams")
-    };
-    let sites = [a.0, b.0, c.0, d.0];
-    rans::decode_many(
-        [(a.1, a.2), (b.1, b.2), (c.1, c.2), (d.1, d.2)],
-        [a.3, b.3, c.3, d.3],
-    )
-    .map_err(|(j, f)| (sites[j], f))
+    let mut sites = [0usize; LOCKSTEP];
+    let mut streams: [(usize, &[u8]); LOCKSTEP] = [(0, &[]); LOCKSTEP];
+    let mut outs: [&mut [u16]; LOCKSTEP] = Default::default();
+    for (j, (s, table, bytes, col)) in pending.drain(..).enumerate() {
+        sites[j] = s;
+        streams[j] = (table, bytes);
+        outs[j] = col;
+    }
+    rans::decode_many(streams, outs).map_err(|(j, f)| (sites[j], f))
 }
 
 #[cfg(test)]

@@ -38,6 +38,8 @@ pub struct ValidationReport {
     pub frames: usize,
     pub pixels: usize,
     pub chunks: usize,
+    /// `[first, scans]` of every chunk.
+    pub chunk_table: Vec<[usize; 2]>,
     /// Decoded blocks (512-scan blocks; float: chunks).
     pub blocks: usize,
     pub streams: usize,
@@ -93,6 +95,7 @@ impl QemFile {
             frames: self.frames(),
             pixels: self.pixels(),
             chunks: self.chunks().len(),
+            chunk_table: self.chunks().iter().map(|c| [c.first, c.scans]).collect(),
             blocks: self.blocks().len(),
             streams,
             model_selectors: self.selectors_present()?,
