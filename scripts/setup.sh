@@ -7,3 +7,8 @@ if ! command -v cargo >/dev/null 2>&1; then
   echo "error: cargo not found; install Rust (https://rustup.rs) first" >&2
   exit 2
 fi
+
+# numpy is a real client of the mount in the tests (np.load, mmap_mode="r").
+if ! python3 -c 'import numpy' >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check numpy
+fi

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# The main job on the bundled examples: mount examples/data and read the
+# decoded files with ordinary tools, then unmount. Without root or
+# /dev/fuse it shows the same tree through `qem ls` / `qem cat`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+cargo build --release --workspace --quiet
+bin=target/release
+data=examples/data
+
+echo "== qem validate (full: every stream decoded, checksums and index checked)"
+"$bin/qem" validate "$data"/*.qem
+echo "== semq validate"
+"$bin/semq" validate "$data"/*.semq
+echo "== qem show $data/scan-u16.qem"
+"$bin/qem" show "$data/scan-u16.qem"
+
+if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
+  mnt=$(mktemp -d /tmp/qemfs-demo.XXXXXX)
+  trap '"$bin/qemfs" unmount "$mnt" 2>/dev/null || true; rmdir "$mnt" 2>/dev/null || true' EXIT
+  "$bin/qemfs" mount "$data" "$mnt"
+  echo "== mounted $data at $mnt"
+  ls -l "$mnt" "$mnt/scan-u16.qem" "$mnt/scan-u16.qem/virtual"
+  echo "== logical_sha256 (decoded array) and sha256 (file bytes)"
+  cat "$mnt/scan-u16.qem/logical_sha256" "$mnt/scan-u16.qem/sha256"
+  python3 - "$mnt" <<'PY'
+import sys, numpy as np
+mnt = sys.argv[1]
+a = np.load(f"{mnt}/scan-u16.qem/data.npy", mmap_mode="r")
+print("data.npy (memory-mapped):", a.shape, a.dtype, "total counts", int(a.sum(dtype=np.uint64)))
+s = np.load(f"{mnt}/scan-u16.qem/virtual/sum.npy")
+print("virtual/sum.npy (from the spatial index, no decoding):", s.shape, s.dtype, "min", s.min(), "max", s.max())
+f = np.load(f"{mnt}/scan-u16.qem/frames/12/16.npy")
+print("frames/12/16.npy:", f.shape, f.dtype, "max", f.max())
+v = np.load(f"{mnt}/embeddings.semq/vectors.npy")
+print("embeddings.semq/vectors.npy:", v.shape, v.dtype)
+PY
+  head -3 "$mnt/embeddings.semq/ids.txt"
+  "$bin/qemfs" unmount "$mnt"
+  echo "== unmounted"
+else
+  echo "== not root or no /dev/fuse: the same tree through qem ls / qem cat"
+  "$bin/qem" ls -l "$data/scan-u16.qem"
+  "$bin/qem" cat "$data/scan-u16.qem" logical_sha256
+  "$bin/qem" ls "$data/scan-u16.qem" virtual
+fi
