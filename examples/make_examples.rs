@@ -184,7 +184,9 @@ fn write_semq(dir: &Path) {
     let config = Config::quant(dim as u32, 4).expect("config");
     let manifest = [("model", "example-encoder"), ("revision", "1")];
     let encoding = qemfs::semq::encode(config, &ids, &vectors, &manifest).expect("encode");
-    encoding.write(dir.join("embeddings.semq")).expect("publish");
+    encoding
+        .write(dir.join("embeddings.semq"))
+        .expect("publish");
 }
 
 fn main() {

@@ -547,6 +547,31 @@ mod tests {
         assert_eq!(decode_any(ss, &sb, v.len()), Some(v));
     }
 
+    /// The smallest encoding of `v` over every form and all 64 tables.
+    fn exhaustive_best(v: &[u16]) -> usize {
+        let m = v.len();
+        let s = Summary::of(v);
+        let mut best = if s.min == s.max {
+            if s.max == 0 {
+                0
+            } else {
+                2
+            }
+        } else {
+            2 * m
+        };
+        if let Some(l) = s.sparse_len(m) {
+            best = best.min(l);
+        }
+        if s.min != s.max {
+            for k in 0..TABLES {
+                let mut out = Vec::new();
+                best = best.min(rans::encode(v, k, &mut Scratch::default(), &mut out));
+            }
+        }
+        best
+    }
+
     fn streams() -> impl Strategy<Value = Vec<u16>> {
         let small = prop_oneof![Just(0u16), 0u16..4, 0u16..40, 0u16..=128, any::<u16>()];
         (small.clone(), small, 1usize..=512, any::<u64>()).prop_map(|(a, b, m, seed)| {
@@ -608,7 +633,12 @@ mod tests {
             }
             let (rs, rb) = enc(&v, ModelChoice::Reference);
             let (ss, sb) = enc(&v, ModelChoice::Smallest);
-            prop_assert!(sb.len() < rb.len(), "smallest {} (selector {ss}) vs reference {} (selector {rs})", sb.len(), rb.len());
+            // Smallest may miss the optimum by up to two bytes of estimation
+            // error, so a win is required only where one is that clear.
+            if exhaustive_best(&v) + 2 < rb.len() {
+                prop_assert!(sb.len() < rb.len(), "smallest {} (selector {ss}) vs reference {} (selector {rs})", sb.len(), rb.len());
+            }
+            prop_assert!(sb.len() <= rb.len());
             prop_assert_eq!(decode_any(ss, &sb, m), Some(v));
         }
 
@@ -617,16 +647,7 @@ mod tests {
             // Exhaustive search over every form: ours may miss the optimum by a
             // byte or two of estimation error, never more than 0.5%.
             let (_, sb) = enc(&v, ModelChoice::Smallest);
-            let m = v.len();
-            let s = Summary::of(&v);
-            let mut best = if s.min == s.max { if s.max == 0 { 0 } else { 2 } } else { 2 * m };
-            if let Some(l) = s.sparse_len(m) { best = best.min(l); }
-            if s.min != s.max {
-                for k in 0..TABLES {
-                    let mut out = Vec::new();
-                    best = best.min(rans::encode(&v, k, &mut Scratch::default(), &mut out));
-                }
-            }
+            let best = exhaustive_best(&v);
             prop_assert!(sb.len() <= best + 2 && sb.len() as f64 <= best as f64 * 1.005 + 2.0,
                 "ours {} exhaustive {}", sb.len(), best);
         }
