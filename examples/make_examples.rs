@@ -5,6 +5,8 @@
 //! test checks.
 //!
 //! `cargo run --release --example make_examples [OUT_DIR]`
+//! `cargo run --release --example make_examples -- --acquisition OUT.qem ROWS COLS DET`
+//! writes one larger uint16 acquisition of the same kind (for benchmarks).
 
 use std::f64::consts::PI;
 use std::path::{Path, PathBuf};
@@ -74,7 +76,10 @@ fn counts_frame(rng: &mut Rng, row: usize, col: usize, det: usize) -> Vec<u16> {
 }
 
 fn write_counts(dir: &Path) {
-    let (rows, cols, det) = (24usize, 32usize, 64usize);
+    write_acquisition(&dir.join("scan-u16.qem"), 24, 32, 64);
+}
+
+fn write_acquisition(path: &Path, rows: usize, cols: usize, det: usize) {
     let shape = [rows as u64, cols as u64, det as u64, det as u64];
     let calibration = Calibration {
         scan_sampling_angstrom: Some([0.5, 0.5]),
@@ -85,22 +90,24 @@ fn write_counts(dir: &Path) {
     };
     let sm = scientific_metadata(shape, &calibration).expect("valid calibration");
     // Two hot pixels are marked invalid: they stay stored, but sums skip them.
-    let mut valid = vec![true; det * det];
-    valid[3 * det + 60] = false;
-    valid[50 * det + 7] = false;
+    let pixels = det * det;
+    let hot = [(3 * det + 60) % pixels, (50 * det + 7) % pixels];
+    let mut valid = vec![true; pixels];
+    valid[hot[0]] = false;
+    valid[hot[1]] = false;
     let mut spec = WriteSpec::counts(shape, CountDtype::U16, sm);
     spec.content = Content::Counts {
         dtype: CountDtype::U16,
         valid: Some(valid),
         metadata: Map::new(),
     };
-    let mut writer = Writer::create(dir.join("scan-u16.qem"), spec).expect("new file");
+    let mut writer = Writer::create(path, spec).expect("new file");
     let mut rng = Rng(0x5EED_0001);
     for row in 0..rows {
         for col in 0..cols {
             let mut frame = counts_frame(&mut rng, row, col, det);
-            frame[3 * det + 60] = 60_000;
-            frame[50 * det + 7] = 4_000;
+            frame[hot[0]] = 60_000;
+            frame[hot[1]] = 4_000;
             writer.push_u16(&frame).expect("frame");
         }
     }
@@ -190,6 +197,21 @@ fn write_semq(dir: &Path) {
 }
 
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--acquisition") {
+        let number = |i: usize| -> usize {
+            args.get(i)
+                .and_then(|a| a.parse().ok())
+                .expect("usage: --acquisition OUT.qem ROWS COLS DET")
+        };
+        let out = PathBuf::from(
+            args.get(2)
+                .expect("usage: --acquisition OUT.qem ROWS COLS DET"),
+        );
+        write_acquisition(&out, number(3), number(4), number(5));
+        println!("wrote {}", out.display());
+        return;
+    }
     let dir = std::env::args_os()
         .nth(1)
         .map(PathBuf::from)

@@ -5,6 +5,10 @@
 //! key at once, one of them loads it and the others wait for that result, so
 //! a block is never decoded twice at the same time. Different keys load in
 //! parallel; the lock is never held while loading.
+//!
+//! Waiting for another caller's load blocks the thread, so callers must not
+//! be rayon workers when the load itself uses rayon: a worker blocked in a
+//! join can be handed the waiting task and deadlock. Call from plain threads.
 
 use lru::LruCache;
 use std::collections::HashMap;

@@ -291,3 +291,68 @@ fn changed_and_removed_sources_are_noticed() {
     assert!(tree.resolve("u8-two-block-chunks.qem").is_err());
     assert!(!names(&tree, "").contains(&"u8-two-block-chunks.qem".to_string()));
 }
+
+/// Sequential readers trigger prefetches of the next block while other
+/// readers decode: this once deadlocked (a rayon worker waiting on a block
+/// its own join was decoding). Many small reads over many blocks, with a
+/// watchdog.
+#[test]
+fn concurrent_sequential_reads_with_prefetch_finish() {
+    use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let shape = [40u64, 100, 8, 8];
+    let sm = scientific_metadata(shape, &Calibration::default()).unwrap();
+    let frames = (shape[0] * shape[1]) as usize;
+    let dense: Vec<u8> = (0..frames * 64)
+        .flat_map(|i| ((i * 2654435761usize >> 7) as u16 % 9).to_le_bytes())
+        .collect();
+    qemfs::qem::write::write_file(
+        dir.path().join("many-blocks.qem"),
+        WriteSpec::counts(shape, CountDtype::U16, sm).with_chunk_scans(512),
+        &dense,
+    )
+    .unwrap();
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let root = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let tree = std::sync::Arc::new(Tree::new(
+            &root,
+            &TreeOptions {
+                cache_bytes: 1 << 16,
+            },
+        ));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let tree = tree.clone();
+                std::thread::spawn(move || {
+                    let Node::File(f, _) = tree.resolve("many-blocks.qem/data.npy").unwrap() else {
+                        panic!("not a file")
+                    };
+                    let mut out = Vec::new();
+                    let mut buf = vec![0u8; 4096];
+                    loop {
+                        let n = f.read_at(out.len() as u64, &mut buf).unwrap();
+                        if n == 0 {
+                            break;
+                        }
+                        out.extend_from_slice(&buf[..n]);
+                    }
+                    out
+                })
+            })
+            .collect();
+        let outs: Vec<Vec<u8>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let _ = done_tx.send(outs);
+    });
+    let outs = done_rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("readers finished (no deadlock)");
+    for out in outs {
+        assert_eq!(npy_data_of(&out), &dense[..]);
+    }
+}
+
+fn npy_data_of(bytes: &[u8]) -> &[u8] {
+    let h = npy::parse_header(bytes).unwrap();
+    &bytes[h.data_offset..]
+}

@@ -67,7 +67,7 @@ pub struct QemFs {
     files: Mutex<HashMap<u64, Arc<dyn Content>>>,
     dirs: Mutex<HashMap<u64, Arc<DirListing>>>,
     next_handle: AtomicU64,
-    pool: rayon::ThreadPool,
+    pool: crate::workers::Workers,
     uid: u32,
     gid: u32,
     log: Arc<dyn Fn(&str) + Send + Sync>,
@@ -112,11 +112,7 @@ impl QemFs {
                 node: Some(Node::SourceDir(tree.root().to_path_buf())),
             },
         );
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(workers.max(2))
-            .thread_name(|i| format!("qemfs-read-{i}"))
-            .build()
-            .map_err(std::io::Error::other)?;
+        let pool = crate::workers::Workers::new(workers.max(2))?;
         // SAFETY: getuid/getgid cannot fail.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Ok(QemFs {

@@ -7,6 +7,7 @@
 
 mod filesystem;
 mod mountpoint;
+mod workers;
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};
@@ -20,6 +21,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use qemfs::tree::{Tree, TreeOptions};
+
+/// Readahead for the mount: whole decoded arrays are read sequentially.
+const READAHEAD_KIB: u32 = 8192;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -287,6 +291,10 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
         source.display(),
         args.mountpoint.display()
     ));
+    match mountpoint::raise_readahead(&args.mountpoint, READAHEAD_KIB) {
+        Ok(device) => log(&format!("readahead of {device} set to {READAHEAD_KIB} KiB")),
+        Err(e) => log(&format!("readahead left at the default ({e})")),
+    }
     report(ready, "ready\n");
 
     // Wait for a signal, or for the mount to go away (`qemfs unmount`,

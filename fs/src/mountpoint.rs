@@ -21,6 +21,27 @@ pub fn is_mounted(path: &Path) -> bool {
         .any(|mount_point| mount_point == want)
 }
 
+/// Raises the kernel's readahead for the mount at `path` (FUSE mounts get
+/// a small default; sequential reads of decoded arrays gain about 2× from
+/// a larger one). Returns the `maj:min` of the mount when it worked.
+pub fn raise_readahead(path: &Path, kib: u32) -> io::Result<String> {
+    let path = absolute(path)?;
+    let want = escape(&path.to_string_lossy());
+    let info = std::fs::read_to_string("/proc/self/mountinfo")?;
+    let device = info
+        .lines()
+        .map(|l| l.split(' ').collect::<Vec<_>>())
+        .filter(|f| f.len() > 4 && f[4] == want)
+        .map(|f| f[2].to_string())
+        .last()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "mount not in mountinfo"))?;
+    std::fs::write(
+        format!("/sys/class/bdi/{device}/read_ahead_kb"),
+        kib.to_string(),
+    )?;
+    Ok(device)
+}
+
 /// mountinfo escapes space, tab, newline and backslash as octal.
 fn escape(path: &str) -> String {
     path.replace('\\', "\\134")

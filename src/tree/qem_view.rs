@@ -67,6 +67,7 @@ impl QemView {
     }
 
     /// Decoded bytes of one block (codes of the scaled codec when `codes`).
+    /// Must not be called from a rayon worker (see `prefetch`).
     fn block(self: &Arc<Self>, index: usize, codes: bool) -> Result<Arc<Vec<u8>>, TreeError> {
         let key = BlockKey {
             view: self.id,
@@ -111,10 +112,18 @@ impl QemView {
             return;
         }
         let view = Arc::clone(self);
-        rayon::spawn(move || {
-            // A failure surfaces when a reader asks for the block itself.
-            let _ = view.block(index, codes);
-        });
+        // A plain thread, not a rayon task: the load may wait on another
+        // reader's decode of the same block, and a rayon worker waiting
+        // inside a join could be handed that very decode's caller and
+        // deadlock. Decoding itself still runs on the rayon pool.
+        let spawned = std::thread::Builder::new()
+            .name("qemfs-prefetch".into())
+            .spawn(move || {
+                // A failure surfaces when a reader asks for the block itself.
+                let _ = view.block(index, codes);
+            });
+        // Without a thread the read simply is not prefetched.
+        drop(spawned);
     }
 
     fn element_size(&self, codes: bool) -> usize {
