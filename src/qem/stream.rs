@@ -156,7 +156,7 @@ impl<'a> StreamTable<'a> {
 }
 
 /// Streams decoded in lockstep by [`StreamTable::decode_range`].
-pub const LOCKSTEP: usize = 4;
+pub const LOCKSTEP: usize = 16;
 
 fn decode_lockstep(
     pending: &mut Vec<(usize, usize, &[u8], &mut [u16])>,
