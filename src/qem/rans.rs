@@ -196,6 +196,19 @@ fn decode_careful(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), Str
     lane.finish()
 }
 
+/// Whether 8- and 16-lane groups run on SIMD lanes here (else they run on
+/// scalar lanes, which gain nothing from more than 4).
+pub fn simd_lanes() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Zero bytes appended to each stream's copy so that the fast path can run
 /// at least `PAD / 4` steps between end-of-buffer tests, however few bytes
 /// a low-entropy stream consumes per step.
@@ -362,13 +375,12 @@ mod simd {
         // SAFETY: AVX2 is present (checked above), and the asserts above
         // are the bounds `kernel` relies on.
         unsafe { kernel::<L>(&ks, buf, x, pos, tile) };
-        let mut cols: [&mut [u16]; L] = std::array::from_fn(|_| Default::default());
-        for (c, out) in cols.iter_mut().zip(outs.iter_mut()) {
-            *c = &mut out[range.clone()];
-        }
-        for (t, row) in tile.chunks_exact(L).enumerate() {
-            for (c, &v) in cols.iter_mut().zip(row) {
-                c[t] = v;
+        // Lane by lane: each column is written sequentially (row by row
+        // would write `L` columns whose starts are often a power of two
+        // apart, all in the same cache sets).
+        for (j, out) in outs.iter_mut().enumerate() {
+            for (o, row) in out[range.clone()].iter_mut().zip(tile.chunks_exact(L)) {
+                *o = row[j];
             }
         }
     }
