@@ -255,7 +255,9 @@ pub fn decode_many<const N: usize>(
         let mut steps = m - done;
         for j in 0..N {
             // Lane j's buffer ends PAD bytes after its stream.
-            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j]) / 4);
+            // One step reads at most 4 bytes; 4 more are kept for the
+            // SIMD path's prefetch of the next renormalisation bytes.
+            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j] + 4) / 4);
         }
         if steps == 0 {
             break;
@@ -351,8 +353,8 @@ mod simd {
     }
 
     /// Runs the steps `range` of `L` lanes (8 or 16). Every lane must have
-    /// at least `4 * range.len()` bytes of `buf` from `pos[j]` on (one step
-    /// consumes at most 4), tables `ks[j] < 64`, and
+    /// at least `4 * range.len() + 4` bytes of `buf` from `pos[j]` on (one
+    /// step consumes at most 4, and the next 4 bytes are prefetched), tables `ks[j] < 64`, and
     /// `buf.len() <= i32::MAX`. Values go to `outs[j][range]`.
     pub fn run<const L: usize>(
         ks: [usize; L],
@@ -367,7 +369,7 @@ mod simd {
         assert!(L == 8 || L == 16);
         assert!(available() && buf.len() <= i32::MAX as usize);
         for j in 0..L {
-            assert!(ks[j] < super::TABLES && pos[j] + 4 * n <= buf.len());
+            assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 4 <= buf.len());
             assert!(outs[j].len() >= range.end);
         }
         tile.clear();
@@ -387,7 +389,7 @@ mod simd {
 
     /// # Safety
     /// AVX2 must be available; `L` is 8 or 16; `ks[j] < 64`;
-    /// `buf.len() <= i32::MAX`; `pos[j] + 4 * (tile.len() / L) <= buf.len()`
+    /// `buf.len() <= i32::MAX`; `pos[j] + 4 * (tile.len() / L) + 4 <= buf.len()`
     /// for every lane.
     #[target_feature(enable = "avx2")]
     unsafe fn kernel<const L: usize>(
@@ -455,6 +457,16 @@ mod simd {
             3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
             9, 8, 15, 14, 13, 12,
         );
+        // The 4 bytes at each lane's position, big-endian: the
+        // renormalisation bytes of the next step that needs any.
+        // SAFETY: every fetch reads 4 bytes at a lane's position after k
+        // of the n steps (k <= n), at most pos + 4k + 4 <= pos + 4n + 4 <=
+        // buf.len() (asserted by `run`), as a step advances by at most 4.
+        let fetch = |p: __m256i| _mm256_shuffle_epi8(_mm256_i32gather_epi32::<1>(bytes, p), bswap);
+        let mut next = [_mm256_setzero_si256(); MAXV];
+        for v in 0..nv {
+            next[v] = fetch(vp[v]);
+        }
         for row in tile.chunks_exact_mut(L) {
             for v in 0..nv {
                 let slot = _mm256_and_si256(vx[v], mask);
@@ -490,17 +502,15 @@ mod simd {
                         _mm256_add_epi32(need, _mm256_cmpgt_epi32(lower2, y)),
                     );
                     let sh = _mm256_slli_epi32::<3>(n);
-                    // SAFETY: pos + 4 <= buf.len() for every lane at every
-                    // step: at least 4 bytes per remaining step were there
-                    // at the start and a step advances by at most 4.
-                    let w = _mm256_i32gather_epi32::<1>(bytes, vp[v]);
-                    let w = _mm256_shuffle_epi8(w, bswap);
                     // Shifts by 32 give 0 in AVX2, as wanted when n = 0.
                     vx[v] = _mm256_or_si256(
                         _mm256_sllv_epi32(y, sh),
-                        _mm256_srlv_epi32(w, _mm256_sub_epi32(c32, sh)),
+                        _mm256_srlv_epi32(next[v], _mm256_sub_epi32(c32, sh)),
                     );
                     vp[v] = _mm256_add_epi32(vp[v], n);
+                    // The next bytes are fetched now, off the state's
+                    // dependency chain (needed at the next renormalisation).
+                    next[v] = fetch(vp[v]);
                 }
                 let esc = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(vals, escape)));
                 let mut vals = vals;
@@ -518,6 +528,7 @@ mod simd {
                     }
                     vals = _mm256_loadu_si256(val.as_ptr() as *const __m256i);
                     vp[v] = _mm256_loadu_si256(at.as_ptr() as *const __m256i);
+                    next[v] = fetch(vp[v]);
                 }
                 let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(vals, vals));
                 _mm_storeu_si128(
