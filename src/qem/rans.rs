@@ -14,9 +14,10 @@
 //! On x86_64 with AVX2 (detected at run time), 8 or 16 lanes run in the
 //! 32-bit slots of AVX2 registers: while every lane's slot falls on symbol
 //! 0 or 1 (most steps at low dose) the frequency comes from per-lane
-//! constants, otherwise from a gather; renormalisation bytes are gathered
-//! only when some lane needs them. Other targets use the scalar lanes; both
-//! give the same values and faults (the careful decoder names any fault).
+//! constants, otherwise from a gather; each lane's next 4 bytes are
+//! gathered ahead of the renormalisation that uses them. Other targets use
+//! the scalar lanes; both give the same values and faults (the careful
+//! decoder names any fault).
 
 use std::sync::OnceLock;
 
@@ -493,25 +494,21 @@ mod simd {
                 };
                 // y < 2^31, so signed compares are exact; n = bytes to
                 // shift in (0, 1 or 2).
-                let need = _mm256_cmpgt_epi32(lower, y);
-                if _mm256_testz_si256(need, need) != 0 {
-                    vx[v] = y;
-                } else {
-                    let n = _mm256_sub_epi32(
-                        _mm256_setzero_si256(),
-                        _mm256_add_epi32(need, _mm256_cmpgt_epi32(lower2, y)),
-                    );
-                    let sh = _mm256_slli_epi32::<3>(n);
-                    // Shifts by 32 give 0 in AVX2, as wanted when n = 0.
-                    vx[v] = _mm256_or_si256(
-                        _mm256_sllv_epi32(y, sh),
-                        _mm256_srlv_epi32(next[v], _mm256_sub_epi32(c32, sh)),
-                    );
-                    vp[v] = _mm256_add_epi32(vp[v], n);
-                    // The next bytes are fetched now, off the state's
-                    // dependency chain (needed at the next renormalisation).
-                    next[v] = fetch(vp[v]);
-                }
+                let n = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_add_epi32(_mm256_cmpgt_epi32(lower, y), _mm256_cmpgt_epi32(lower2, y)),
+                );
+                let sh = _mm256_slli_epi32::<3>(n);
+                // Branch-free (some lane renormalises at most steps):
+                // shifts by 32 give 0 in AVX2, as wanted when n = 0.
+                vx[v] = _mm256_or_si256(
+                    _mm256_sllv_epi32(y, sh),
+                    _mm256_srlv_epi32(next[v], _mm256_sub_epi32(c32, sh)),
+                );
+                vp[v] = _mm256_add_epi32(vp[v], n);
+                // The next bytes are fetched now, off the state's
+                // dependency chain (needed at the next renormalisation).
+                next[v] = fetch(vp[v]);
                 let esc = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(vals, escape)));
                 let mut vals = vals;
                 if esc != 0 {
