@@ -341,6 +341,14 @@ fn main() {
             rans::decode_many(ins, outs).unwrap();
         }
     });
+    let sixteen = best(5, || {
+        for (group, o) in streams.chunks_exact(16).zip(out.chunks_exact_mut(16 * m)) {
+            let outs: Vec<&mut [u16]> = o.chunks_exact_mut(m).collect();
+            let outs: [&mut [u16]; 16] = outs.try_into().unwrap();
+            let ins: [(usize, &[u8]); 16] = std::array::from_fn(|j| (group[j].0, &group[j].1[..]));
+            rans::decode_many(ins, outs).unwrap();
+        }
+    });
     let only = std::env::var("QEM_BENCH_ONLY").unwrap_or_default();
     if only == "whole" {
         // For profilers: nothing but whole-array decoding, repeated.
@@ -353,10 +361,10 @@ fn main() {
     if only == "rans" {
         // For `perf stat`: nothing but the lockstep loop, repeated.
         for _ in 0..20 {
-            for (group, o) in streams.chunks_exact(4).zip(out.chunks_exact_mut(4 * m)) {
+            for (group, o) in streams.chunks_exact(8).zip(out.chunks_exact_mut(8 * m)) {
                 let outs: Vec<&mut [u16]> = o.chunks_exact_mut(m).collect();
-                let outs: [&mut [u16]; 4] = outs.try_into().unwrap();
-                let ins: [(usize, &[u8]); 4] =
+                let outs: [&mut [u16]; 8] = outs.try_into().unwrap();
+                let ins: [(usize, &[u8]); 8] =
                     std::array::from_fn(|j| (group[j].0, &group[j].1[..]));
                 rans::decode_many(ins, outs).unwrap();
             }
@@ -371,6 +379,10 @@ fn main() {
     println!("  one stream at a time   {}", rate(p * m, p * m * 2, one));
     println!("  4 streams in lockstep  {}", rate(p * m, p * m * 2, four));
     println!("  8 streams in lockstep  {}", rate(p * m, p * m * 2, eight));
+    println!(
+        "  16 streams in lockstep {}",
+        rate(p * m, p * m * 2, sixteen)
+    );
 
     let block_bytes = info.decoded_bytes;
     for n_threads in [1, threads] {

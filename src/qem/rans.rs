@@ -10,6 +10,14 @@
 //! `freq * 2^13 >= 2^13`; two bytes lift anything `>= 2^13` to `>= 2^29`.
 //! One step therefore consumes at most 4 bytes (2 renormalisation + 2 escape),
 //! and while at least 4 bytes remain the step needs no end-of-stream test.
+//!
+//! On x86_64 with AVX2 (detected at run time), 8 or 16 lanes run in the
+//! 32-bit slots of AVX2 registers: while every lane's slot falls on symbol
+//! 0 or 1 (most steps at low dose) the frequency comes from per-lane
+//! constants, otherwise from a gather; each lane's next 4 bytes are
+//! gathered ahead of the renormalisation that uses them. Other targets use
+//! the scalar lanes; both give the same values and faults (the careful
+//! decoder names any fault).
 
 use std::sync::OnceLock;
 
@@ -41,10 +49,15 @@ fn build_tables() -> Box<[SlotTable; TABLES]> {
     all
 }
 
+/// The slot lookups of all tables, contiguous (table `k` at `k * 1024`).
+fn all_slot_tables() -> &'static [SlotTable; TABLES] {
+    static TABLES_CELL: OnceLock<Box<[SlotTable; TABLES]>> = OnceLock::new();
+    TABLES_CELL.get_or_init(build_tables)
+}
+
 /// The slot lookup of table `k` (`k < 64`).
 pub fn slot_table(k: usize) -> &'static SlotTable {
-    static TABLES_CELL: OnceLock<Box<[SlotTable; TABLES]>> = OnceLock::new();
-    &TABLES_CELL.get_or_init(build_tables)[k]
+    &all_slot_tables()[k]
 }
 
 /// One decoding step without end-of-stream tests: the caller guarantees
@@ -184,6 +197,19 @@ fn decode_careful(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), Str
     lane.finish()
 }
 
+/// Whether 8- and 16-lane groups run on SIMD lanes here (else they run on
+/// scalar lanes, which gain nothing from more than 4).
+pub fn simd_lanes() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Zero bytes appended to each stream's copy so that the fast path can run
 /// at least `PAD / 4` steps between end-of-buffer tests, however few bytes
 /// a low-entropy stream consumes per step.
@@ -224,16 +250,27 @@ pub fn decode_many<const N: usize>(
     }
     let mut outs = outs;
     let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    let mut tile: Vec<u16> = Vec::new();
     while done < m {
         let mut steps = m - done;
         for j in 0..N {
             // Lane j's buffer ends PAD bytes after its stream.
-            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j]) / 4);
+            // One step reads at most 4 bytes; 4 more are kept for the
+            // SIMD path's prefetch of the next renormalisation bytes.
+            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j] + 4) / 4);
         }
         if steps == 0 {
             break;
         }
         let range = done..done + steps;
+        #[cfg(target_arch = "x86_64")]
+        if (N == 8 || N == 16) && simd::available() && buf.len() <= i32::MAX as usize {
+            let ks: [usize; N] = std::array::from_fn(|j| streams[j].0);
+            simd::run::<N>(ks, &buf, &mut x, &mut pos, &mut outs, range, &mut tile);
+            done += steps;
+            continue;
+        }
         if let Ok(four) = <&mut [&mut [u16]; 4]>::try_from(&mut outs[..]) {
             run4(&tables, &buf, &mut x, &mut pos, four, range);
         } else {
@@ -252,6 +289,8 @@ pub fn decode_many<const N: usize>(
     }
     let clean = done == m && (0..N).all(|j| pos[j] == ends[j] && x[j] == STATE_LOWER);
     if !clean {
+        #[cfg(test)]
+        tests::FALLBACKS.with(|f| f.set(f.get() + 1));
         for (j, ((table, b), out)) in streams.into_iter().zip(outs.iter_mut()).enumerate() {
             decode_careful(table, b, out).map_err(|f| (j, f))?;
         }
@@ -299,6 +338,212 @@ fn run4<const N: usize>(
     (pos[0], pos[1], pos[2], pos[3]) = (p0, p1, p2, p3);
 }
 
+/// Eight lanes in the 32-bit slots of one AVX2 register: the table entries
+/// and the renormalisation bytes are fetched with gathers, so a step of all
+/// eight streams costs about as much as one scalar step. Same arithmetic as
+/// [`step`]; escapes (rare) are finished in scalar code.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    use super::{all_slot_tables, ESCAPE, FREQUENCIES, SCALE_BITS, SLOTS, SLOT_MASK, STATE_LOWER};
+
+    pub fn available() -> bool {
+        is_x86_feature_detected!("avx2")
+    }
+
+    /// Runs the steps `range` of `L` lanes (8 or 16). Every lane must have
+    /// at least `4 * range.len() + 4` bytes of `buf` from `pos[j]` on (one
+    /// step consumes at most 4, and the next 4 bytes are prefetched), tables `ks[j] < 64`, and
+    /// `buf.len() <= i32::MAX`. Values go to `outs[j][range]`.
+    pub fn run<const L: usize>(
+        ks: [usize; L],
+        buf: &[u8],
+        x: &mut [u32; L],
+        pos: &mut [usize; L],
+        outs: &mut [&mut [u16]; L],
+        range: Range<usize>,
+        tile: &mut Vec<u16>,
+    ) {
+        let n = range.len();
+        assert!(L == 8 || L == 16);
+        assert!(available() && buf.len() <= i32::MAX as usize);
+        for j in 0..L {
+            assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 4 <= buf.len());
+            assert!(outs[j].len() >= range.end);
+        }
+        tile.clear();
+        tile.resize(L * n, 0);
+        // SAFETY: AVX2 is present (checked above), and the asserts above
+        // are the bounds `kernel` relies on.
+        unsafe { kernel::<L>(&ks, buf, x, pos, tile) };
+        // Lane by lane: each column is written sequentially (row by row
+        // would write `L` columns whose starts are often a power of two
+        // apart, all in the same cache sets).
+        for (j, out) in outs.iter_mut().enumerate() {
+            for (o, row) in out[range.clone()].iter_mut().zip(tile.chunks_exact(L)) {
+                *o = row[j];
+            }
+        }
+    }
+
+    /// # Safety
+    /// AVX2 must be available; `L` is 8 or 16; `ks[j] < 64`;
+    /// `buf.len() <= i32::MAX`; `pos[j] + 4 * (tile.len() / L) + 4 <= buf.len()`
+    /// for every lane.
+    #[target_feature(enable = "avx2")]
+    unsafe fn kernel<const L: usize>(
+        ks: &[usize; L],
+        buf: &[u8],
+        x: &mut [u32; L],
+        pos: &mut [usize; L],
+        tile: &mut [u16],
+    ) {
+        const MAXV: usize = 2;
+        let nv = L / 8;
+        let table = all_slot_tables().as_ptr() as *const i32;
+        let bytes = buf.as_ptr() as *const i32;
+        let mut lanes = [0i32; 16];
+        for (l, &k) in lanes.iter_mut().zip(ks.iter()) {
+            *l = (k * SLOTS) as i32;
+        }
+        let mut base = [_mm256_setzero_si256(); MAXV];
+        let mut vx = [_mm256_setzero_si256(); MAXV];
+        let mut vp = [_mm256_setzero_si256(); MAXV];
+        for v in 0..nv {
+            base[v] = _mm256_loadu_si256(lanes[8 * v..].as_ptr() as *const __m256i);
+            vx[v] = _mm256_loadu_si256(x[8 * v..].as_ptr() as *const __m256i);
+        }
+        for (l, &p) in lanes.iter_mut().zip(pos.iter()) {
+            *l = p as i32;
+        }
+        for v in 0..nv {
+            vp[v] = _mm256_loadu_si256(lanes[8 * v..].as_ptr() as *const __m256i);
+        }
+        // Per lane: start of symbol 1 (= freq of 0), its frequency, and the
+        // start of symbol 2, minus one for `>=` compares.
+        let mut c1 = [_mm256_setzero_si256(); MAXV];
+        let mut c1m1 = [_mm256_setzero_si256(); MAXV];
+        let mut c2m1 = [_mm256_setzero_si256(); MAXV];
+        let mut f0 = [_mm256_setzero_si256(); MAXV];
+        let mut f1 = [_mm256_setzero_si256(); MAXV];
+        for v in 0..nv {
+            let lane = |j: usize, f: fn(usize) -> i32| f(ks[8 * v + j]);
+            let vec = |f: fn(usize) -> i32| {
+                _mm256_setr_epi32(
+                    lane(0, f),
+                    lane(1, f),
+                    lane(2, f),
+                    lane(3, f),
+                    lane(4, f),
+                    lane(5, f),
+                    lane(6, f),
+                    lane(7, f),
+                )
+            };
+            f0[v] = vec(|k| i32::from(FREQUENCIES[k][0]));
+            f1[v] = vec(|k| i32::from(FREQUENCIES[k][1]));
+            c1[v] = f0[v];
+            c1m1[v] = vec(|k| i32::from(FREQUENCIES[k][0]) - 1);
+            c2m1[v] = vec(|k| i32::from(FREQUENCIES[k][0] + FREQUENCIES[k][1]) - 1);
+        }
+        let mask = _mm256_set1_epi32(SLOT_MASK as i32);
+        let lower = _mm256_set1_epi32(STATE_LOWER as i32);
+        let lower2 = _mm256_set1_epi32(1 << 15);
+        let c32 = _mm256_set1_epi32(32);
+        let sym_mask = _mm256_set1_epi32(63);
+        let escape = _mm256_set1_epi32(ESCAPE as i32);
+        let bswap = _mm256_setr_epi8(
+            3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
+            9, 8, 15, 14, 13, 12,
+        );
+        // The 4 bytes at each lane's position, big-endian: the
+        // renormalisation bytes of the next step that needs any.
+        // SAFETY: every fetch reads 4 bytes at a lane's position after k
+        // of the n steps (k <= n), at most pos + 4k + 4 <= pos + 4n + 4 <=
+        // buf.len() (asserted by `run`), as a step advances by at most 4.
+        let fetch = |p: __m256i| _mm256_shuffle_epi8(_mm256_i32gather_epi32::<1>(bytes, p), bswap);
+        let mut next = [_mm256_setzero_si256(); MAXV];
+        for v in 0..nv {
+            next[v] = fetch(vp[v]);
+        }
+        for row in tile.chunks_exact_mut(L) {
+            for v in 0..nv {
+                let slot = _mm256_and_si256(vx[v], mask);
+                let hi = _mm256_srli_epi32::<{ SCALE_BITS as i32 }>(vx[v]);
+                let ge2 = _mm256_cmpgt_epi32(slot, c2m1[v]);
+                let (y, vals) = if _mm256_testz_si256(ge2, ge2) != 0 {
+                    // Every lane's symbol is 0 or 1 (the common case at
+                    // low dose): the frequency and start come from two
+                    // per-lane constants, without a table load.
+                    let ge1 = _mm256_cmpgt_epi32(slot, c1m1[v]);
+                    let f = _mm256_blendv_epi8(f0[v], f1[v], ge1);
+                    let y = _mm256_add_epi32(
+                        _mm256_mullo_epi32(f, hi),
+                        _mm256_sub_epi32(slot, _mm256_and_si256(ge1, c1[v])),
+                    );
+                    (y, _mm256_srli_epi32::<31>(ge1))
+                } else {
+                    // SAFETY: base + slot <= 63 * 1024 + 1023 < 64 * 1024
+                    // entries.
+                    let e = _mm256_i32gather_epi32::<4>(table, _mm256_add_epi32(base[v], slot));
+                    let f = _mm256_srli_epi32::<16>(e);
+                    let y = _mm256_add_epi32(_mm256_mullo_epi32(f, hi), _mm256_and_si256(e, mask));
+                    (y, _mm256_and_si256(_mm256_srli_epi32::<10>(e), sym_mask))
+                };
+                // y < 2^31, so signed compares are exact; n = bytes to
+                // shift in (0, 1 or 2).
+                let n = _mm256_sub_epi32(
+                    _mm256_setzero_si256(),
+                    _mm256_add_epi32(_mm256_cmpgt_epi32(lower, y), _mm256_cmpgt_epi32(lower2, y)),
+                );
+                let sh = _mm256_slli_epi32::<3>(n);
+                // Branch-free (some lane renormalises at most steps):
+                // shifts by 32 give 0 in AVX2, as wanted when n = 0.
+                vx[v] = _mm256_or_si256(
+                    _mm256_sllv_epi32(y, sh),
+                    _mm256_srlv_epi32(next[v], _mm256_sub_epi32(c32, sh)),
+                );
+                vp[v] = _mm256_add_epi32(vp[v], n);
+                // The next bytes are fetched now, off the state's
+                // dependency chain (needed at the next renormalisation).
+                next[v] = fetch(vp[v]);
+                let esc = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(vals, escape)));
+                let mut vals = vals;
+                if esc != 0 {
+                    let mut val = [0i32; 8];
+                    let mut at = [0i32; 8];
+                    _mm256_storeu_si256(val.as_mut_ptr() as *mut __m256i, vals);
+                    _mm256_storeu_si256(at.as_mut_ptr() as *mut __m256i, vp[v]);
+                    for j in 0..8 {
+                        if esc & (1 << j) != 0 {
+                            let p = at[j] as usize;
+                            val[j] = i32::from(u16::from_le_bytes([buf[p], buf[p + 1]]));
+                            at[j] += 2;
+                        }
+                    }
+                    vals = _mm256_loadu_si256(val.as_ptr() as *const __m256i);
+                    vp[v] = _mm256_loadu_si256(at.as_ptr() as *const __m256i);
+                    next[v] = fetch(vp[v]);
+                }
+                let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(vals, vals));
+                _mm_storeu_si128(
+                    row[8 * v..8 * v + 8].as_mut_ptr() as *mut __m128i,
+                    _mm256_castsi256_si128(packed),
+                );
+            }
+        }
+        for v in 0..nv {
+            _mm256_storeu_si256(x[8 * v..].as_mut_ptr() as *mut __m256i, vx[v]);
+            _mm256_storeu_si256(lanes[8 * v..].as_mut_ptr() as *mut __m256i, vp[v]);
+        }
+        for (p, &l) in pos.iter_mut().zip(lanes.iter()) {
+            *p = l as usize;
+        }
+    }
+}
+
 /// Encoder of §7.1, used by tests and benchmarks to make streams.
 #[doc(hidden)]
 pub fn encode(table: usize, values: &[u16]) -> Vec<u8> {
@@ -332,6 +577,11 @@ pub fn encode(table: usize, values: &[u16]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    thread_local! {
+        /// Times `decode_many` fell back to the careful decoder.
+        pub(super) static FALLBACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
 
     fn unhex(s: &str) -> Vec<u8> {
         (0..s.len())
@@ -476,6 +726,161 @@ mod tests {
                 decode(*t, e, &mut one).unwrap();
                 assert_eq!(one, data[j]);
             }
+        }
+    }
+
+    /// The spec's decoder pseudo-code, literally (§7.1), with a linear
+    /// symbol search: the reference the fast paths are held to.
+    fn reference(table: usize, b: &[u8], m: usize) -> Result<Vec<u16>, ()> {
+        if table >= TABLES || b.len() < 4 {
+            return Err(());
+        }
+        let freq = &FREQUENCIES[table];
+        let mut x = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        if !(STATE_LOWER..STATE_UPPER).contains(&x) {
+            return Err(());
+        }
+        let mut i = 4;
+        let mut out = Vec::with_capacity(m);
+        for _ in 0..m {
+            let slot = x & 1023;
+            let (mut s, mut start) = (0usize, 0u32);
+            while start + u32::from(freq[s]) <= slot {
+                start += u32::from(freq[s]);
+                s += 1;
+            }
+            x = u32::from(freq[s]) * (x >> 10) + slot - start;
+            while x < STATE_LOWER {
+                x = (x << 8) | u32::from(*b.get(i).ok_or(())?);
+                i += 1;
+            }
+            if s == ESCAPE {
+                let w = b.get(i..i + 2).ok_or(())?;
+                out.push(u16::from_le_bytes([w[0], w[1]]));
+                i += 2;
+            } else {
+                out.push(s as u16);
+            }
+        }
+        if x != STATE_LOWER || i != b.len() {
+            return Err(());
+        }
+        Ok(out)
+    }
+
+    /// Values of a stream: mostly 0 and 1, some small, a few escapes.
+    fn values(m: usize) -> impl proptest::strategy::Strategy<Value = Vec<u16>> {
+        use proptest::prelude::*;
+        proptest::collection::vec(
+            prop_oneof![
+                12 => 0u16..2,
+                4 => 0u16..40,
+                1 => any::<u16>(),
+            ],
+            m,
+        )
+    }
+
+    /// One stream: table, values, and a damage (none, bit flip, cut,
+    /// extra byte) applied to its encoding.
+    fn lane_case() -> impl proptest::strategy::Strategy<Value = (usize, u8, u32, u8)> {
+        use proptest::prelude::*;
+        (0usize..TABLES, 0u8..8, any::<u32>(), any::<u8>())
+    }
+
+    fn damage(bytes: &mut Vec<u8>, kind: u8, at: u32, byte: u8) {
+        let at = at as usize;
+        match kind {
+            0 if !bytes.is_empty() => {
+                let k = at % bytes.len();
+                bytes[k] ^= 1 << (byte % 8);
+            }
+            1 => bytes.truncate(at % (bytes.len() + 1)),
+            2 => bytes.push(byte),
+            3 => bytes.insert(at % (bytes.len() + 1), byte),
+            _ => {}
+        }
+    }
+
+    fn check_lockstep<const N: usize>(
+        m: usize,
+        cases: &[(usize, u8, u32, u8)],
+        vals: &[Vec<u16>],
+    ) -> Result<(), proptest::test_runner::TestCaseError> {
+        use proptest::prelude::*;
+        let mut enc = Vec::new();
+        for (j, &(table, kind, at, byte)) in cases.iter().take(N).enumerate() {
+            let mut bytes = encode(table, &vals[j][..m]);
+            damage(&mut bytes, kind, at, byte);
+            enc.push((table, bytes));
+        }
+        let mut outs = vec![vec![0u16; m]; N];
+        let ins: [(usize, &[u8]); N] = std::array::from_fn(|j| (enc[j].0, &enc[j].1[..]));
+        let before = FALLBACKS.with(|f| f.get());
+        let got = {
+            let mut it = outs.iter_mut();
+            let o: [&mut [u16]; N] = std::array::from_fn(|_| &mut it.next().unwrap()[..]);
+            decode_many(ins, o)
+        };
+        let want: Vec<_> = enc.iter().map(|(t, b)| reference(*t, b, m)).collect();
+        if want.iter().all(|w| w.is_ok()) {
+            // Valid streams are decoded by the fast path alone: its
+            // values, not the fallback's, are the ones checked.
+            prop_assert_eq!(FALLBACKS.with(|f| f.get()), before);
+        }
+        match got {
+            Ok(()) =>
+            {
+                #[allow(clippy::needless_range_loop)]
+                for j in 0..N {
+                    prop_assert_eq!(&want[j], &Ok(outs[j].clone()), "lane {}", j);
+                }
+            }
+            Err((j, fault)) => {
+                // A failing lane is named, with the careful decoder's
+                // fault, and at least that lane is invalid.
+                prop_assert!(want[j].is_err(), "lane {} refused: {:?}", j, fault);
+                let mut one = vec![0u16; m];
+                prop_assert_eq!(decode_careful(enc[j].0, &enc[j].1, &mut one), Err(fault));
+            }
+        }
+        // One stream at a time agrees too.
+        for (j, (t, b)) in enc.iter().enumerate() {
+            let mut one = vec![0u16; m];
+            let r = decode(*t, b, &mut one);
+            prop_assert_eq!(r.is_ok(), want[j].is_ok());
+            if r.is_ok() {
+                prop_assert_eq!(&want[j], &Ok(one));
+            }
+        }
+        Ok(())
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 300, ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Fast decoders (1, 4, 8 and 16 lanes; AVX2 where present) equal
+        /// the spec's pseudo-code on valid and damaged streams of every
+        /// table: same values, or a refusal where the reference refuses.
+        #[test]
+        fn fast_decoders_equal_the_reference(
+            m in 1usize..=512,
+            cases in proptest::collection::vec(lane_case(), 16),
+            vals in proptest::collection::vec(values(512), 16),
+            damaged in proptest::bool::ANY,
+        ) {
+            let mut cases = cases;
+            if !damaged {
+                for c in &mut cases {
+                    c.1 = 7;
+                }
+            }
+            check_lockstep::<1>(m, &cases, &vals)?;
+            check_lockstep::<4>(m, &cases, &vals)?;
+            check_lockstep::<8>(m, &cases, &vals)?;
+            check_lockstep::<16>(m, &cases, &vals)?;
         }
     }
 }
