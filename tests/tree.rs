@@ -304,7 +304,7 @@ fn concurrent_sequential_reads_with_prefetch_finish() {
     let sm = scientific_metadata(shape, &Calibration::default()).unwrap();
     let frames = (shape[0] * shape[1]) as usize;
     let dense: Vec<u8> = (0..frames * 64)
-        .flat_map(|i| ((i * 2654435761usize >> 7) as u16 % 9).to_le_bytes())
+        .flat_map(|i| (((i * 2654435761usize) >> 7) as u16 % 9).to_le_bytes())
         .collect();
     qemfs::qem::write::write_file(
         dir.path().join("many-blocks.qem"),
