@@ -31,9 +31,8 @@ pub fn raise_readahead(path: &Path, kib: u32) -> io::Result<String> {
     let device = info
         .lines()
         .map(|l| l.split(' ').collect::<Vec<_>>())
-        .filter(|f| f.len() > 4 && f[4] == want)
+        .rfind(|f| f.len() > 4 && f[4] == want)
         .map(|f| f[2].to_string())
-        .last()
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "mount not in mountinfo"))?;
     std::fs::write(
         format!("/sys/class/bdi/{device}/read_ahead_kb"),
