@@ -28,6 +28,21 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex(&Sha256::digest(bytes))
 }
 
+/// SHA-256 of a file's bytes as lowercase hex, read in 1 MiB pieces (for
+/// `sha256` files and `qem hash --file`, on files of any size).
+pub fn sha256_file_hex(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    loop {
+        match file.read(&mut buffer)? {
+            0 => return Ok(hex(&hasher.finalize())),
+            n => hasher.update(&buffer[..n]),
+        }
+    }
+}
+
 /// Parses exactly 64 lowercase hex digits. Uppercase is refused because the
 /// format compares digests as strings.
 pub fn parse_lower_hex32(s: &str) -> Option<[u8; 32]> {

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use crate::export::png;
 use crate::export::tiff::{Sample, TiffLayout};
 use crate::npy::{self, DType};
+use crate::qem::checksum::{self, hex};
 use crate::qem::{Codec, Dtype, QemFile, Tile};
 
 use super::content::{copy_range, Bytes, Content, Lazy, Passthrough};
@@ -30,24 +31,6 @@ pub struct QemView {
     cache: Arc<BlockCache>,
     /// The last block a dense read touched, to spot sequential reading.
     last_block: AtomicUsize,
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// SHA-256 of a file's bytes, read in 1 MiB pieces.
-fn sha256_file(path: &Path) -> std::io::Result<String> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        match file.read(&mut buffer)? {
-            0 => return Ok(hex(&hasher.finalize())),
-            n => hasher.update(&buffer[..n]),
-        }
-    }
 }
 
 fn npy_dtype(d: Dtype) -> DType {
@@ -389,7 +372,7 @@ pub fn directory(
     entries.insert(
         "sha256".into(),
         Entry::File(Arc::new(Lazy::new(65, move || {
-            let digest = sha256_file(&source_path).map_err(|e| TreeError::Io {
+            let digest = checksum::sha256_file_hex(&source_path).map_err(|e| TreeError::Io {
                 path: source_path.clone(),
                 reason: e.to_string(),
             })?;

@@ -7,6 +7,7 @@ use rayon::prelude::*;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use qemfs::qem::checksum::{self, hex};
 use qemfs::qem::{QemFile, ValidationLevel};
 
 use crate::exit::{Failure, ERROR, OK};
@@ -15,10 +16,6 @@ use crate::qem_args::{HashArgs, ShowArgs, ValidateArgs};
 
 pub fn open(path: &Path) -> Result<QemFile, Failure> {
     QemFile::open(path).map_err(|e| Failure::file(path, e))
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
@@ -177,26 +174,13 @@ pub fn logical_sha256(file: &QemFile) -> Result<String, qemfs::qem::QemError> {
     Ok(hex(&hasher.finalize()))
 }
 
-fn file_sha256(path: &Path) -> std::io::Result<String> {
-    let mut hasher = Sha256::new();
-    let mut f = std::fs::File::open(path)?;
-    let mut buffer = vec![0u8; 1 << 20];
-    loop {
-        let n = std::io::Read::read(&mut f, &mut buffer)?;
-        if n == 0 {
-            return Ok(hex(&hasher.finalize()));
-        }
-        hasher.update(&buffer[..n]);
-    }
-}
-
 pub fn hash(args: &HashArgs) -> Result<u8, Failure> {
     let digests: Vec<Result<String, String>> = args
         .files
         .par_iter()
         .map(|path| {
             if args.file {
-                file_sha256(path).map_err(|e| e.to_string())
+                checksum::sha256_file_hex(path).map_err(|e| e.to_string())
             } else {
                 QemFile::open(path)
                     .and_then(|f| logical_sha256(&f))
