@@ -155,26 +155,7 @@ fn spec_for(name: &str) -> (WriteSpec, Vec<u8>) {
         }
         other => panic!("{other}"),
     };
-    let known = [
-        "bytes",
-        "chunks",
-        "codec",
-        "container",
-        "container_version",
-        "dtype",
-        "interval",
-        "metadata",
-        "profile",
-        "scientific_metadata",
-        "sha256",
-        "shape",
-        "valid",
-        "version",
-        "empad",
-        "logical_sha256",
-        "intensity_calibration",
-        "attributes",
-    ];
+    let known = qemfs::qem::write::RESERVED;
     let sm = h.remove("scientific_metadata").unwrap();
     let extra: Map<String, Value> = h
         .into_iter()

@@ -37,3 +37,24 @@ impl Write for Stdout {
         self.0.flush()
     }
 }
+
+/// Prints one `<file>: OK` or `<file>: <reason>` line per file, in the
+/// order given; exit 2 when any file failed (`validate` of both tools).
+pub fn print_verdicts(
+    files: &[std::path::PathBuf],
+    verdicts: Vec<Result<(), String>>,
+) -> Result<u8, crate::exit::Failure> {
+    let mut out = Stdout::new();
+    let mut status = crate::exit::OK;
+    for (path, verdict) in files.iter().zip(verdicts) {
+        match verdict {
+            Ok(()) => writeln!(out, "{}: OK", path.display())?,
+            Err(reason) => {
+                writeln!(out, "{}: {reason}", path.display())?;
+                status = crate::exit::ERROR;
+            }
+        }
+    }
+    out.done()?;
+    Ok(status)
+}

@@ -28,29 +28,6 @@ use crate::qem_cmd::inspect::open;
 /// Bytes pushed to the writer at a time from a mapped input.
 const SLICE_BYTES: usize = 64 << 20;
 
-/// Header members the writer sets itself; everything else in a source
-/// header is carried into a re-encoded file.
-const WRITER_MEMBERS: &[&str] = &[
-    "bytes",
-    "chunks",
-    "codec",
-    "container",
-    "container_version",
-    "dtype",
-    "interval",
-    "metadata",
-    "profile",
-    "scientific_metadata",
-    "sha256",
-    "shape",
-    "valid",
-    "version",
-    "empad",
-    "logical_sha256",
-    "intensity_calibration",
-    "attributes",
-];
-
 enum Input {
     Npy { map: Mmap, header: npy::Header },
     Qem(Box<QemFile>),
@@ -273,7 +250,7 @@ fn reencode_spec(file: &QemFile, args: &ConvertArgs) -> Result<WriteSpec, Failur
         }
     };
     let mut extra = header.raw.clone();
-    for k in WRITER_MEMBERS {
+    for k in qemfs::qem::write::RESERVED {
         extra.remove(*k);
     }
     let mut spec = match content {

@@ -140,25 +140,13 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
             let result = QemFile::open(path)
                 .and_then(|f| f.validate(level))
                 .map(|_| ())
-                .map_err(|e| e.to_string());
+                .map_err(|e| format!("FAILED: {e}"));
             bar.inc(1);
             result
         })
         .collect();
     bar.finish_and_clear();
-    let mut out = Stdout::new();
-    let mut status = OK;
-    for (path, verdict) in args.files.iter().zip(verdicts) {
-        match verdict {
-            Ok(()) => writeln!(out, "{}: OK", path.display())?,
-            Err(reason) => {
-                writeln!(out, "{}: FAILED: {reason}", path.display())?;
-                status = ERROR;
-            }
-        }
-    }
-    out.done()?;
-    Ok(status)
+    crate::out::print_verdicts(&args.files, verdicts)
 }
 
 /// SHA-256 of the decoded array's C-order little-endian bytes, block by

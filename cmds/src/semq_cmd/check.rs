@@ -31,19 +31,7 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
             })
         })
         .collect();
-    let mut out = Stdout::new();
-    let mut status = OK;
-    for (path, verdict) in args.files.iter().zip(verdicts) {
-        match verdict {
-            Ok(()) => writeln!(out, "{}: OK", path.display())?,
-            Err(reason) => {
-                writeln!(out, "{}: {reason}", path.display())?;
-                status = ERROR;
-            }
-        }
-    }
-    out.done()?;
-    Ok(status)
+    crate::out::print_verdicts(&args.files, verdicts)
 }
 
 fn digest_of(path: &Path, content: bool) -> Result<String, String> {

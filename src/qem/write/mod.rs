@@ -773,8 +773,9 @@ impl Writer {
     }
 }
 
-/// Top-level members the writer owns.
-const RESERVED: &[&str] = &[
+/// Top-level header members the writer sets itself; callers pass anything
+/// else through `WriteSpec::extra` (a re-encode carries the rest along).
+pub const RESERVED: &[&str] = &[
     "bytes",
     "chunks",
     "codec",
