@@ -9,5 +9,6 @@ pub mod export;
 pub mod npy;
 pub mod publish;
 pub mod qem;
+pub mod reduce;
 pub mod semq;
 pub mod tree;

@@ -1,0 +1,13 @@
+//! Reductions of `.qem` acquisitions: virtual detector images, centre of
+//! mass, mean and maximum patterns (semantics in spec §13).
+//!
+//! [`Accelerator`] is the seam between planning and computing: the CPU
+//! reference ([`Cpu`]) and the GPU backends of the `qemfs-gpu` crate
+//! implement it and must agree (integers exactly, floats within the
+//! documented tolerance).
+
+pub mod accelerator;
+
+pub use accelerator::{
+    Accelerator, Moments, Partial, Pattern, PixelSet, ReduceError, Request, Values,
+};
