@@ -24,7 +24,10 @@
 //! ADF = annulus `[1.2 R, a]` and HAADF = annulus `[a, D]` with
 //! `a = min(3 R, (1.2 R + D) / 2)`. Radii are in detector pixels.
 
-use super::accelerator::PixelSet;
+use serde_json::{json, Value};
+
+use super::accelerator::{PixelSet, ReduceError};
+use super::products::Reducer;
 
 /// A disk or an annulus about a centre, in detector pixels.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -192,6 +195,140 @@ pub fn default_annuli(detector: [usize; 2], center: [f64; 2], r: f64) -> [[f64; 
     let d = farthest(detector, center);
     let a = (3.0 * r).min((1.2 * r + d) / 2.0);
     [[r / 2.0, r], [1.2 * r, a], [a, d]]
+}
+
+/// Geometry given by the user (mount options); what is missing is found
+/// in the data or defaulted.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DetectorOptions {
+    pub center: Option<[f64; 2]>,
+    pub bf_radius: Option<f64>,
+    pub abf: Option<[f64; 2]>,
+    pub adf: Option<[f64; 2]>,
+    pub haadf: Option<[f64; 2]>,
+}
+
+/// How the centre and bright-field radius were chosen.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Origin {
+    /// Both given by the user.
+    Given,
+    /// Found in the mean pattern of `frames` sampled frames.
+    Found { disk: Disk, frames: usize },
+    /// No disk qualified; the documented fallback (for what was not given).
+    Fallback { reason: String, frames: usize },
+}
+
+/// The detectors of the `virtual/` images.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    pub detector: [usize; 2],
+    pub center: [f64; 2],
+    pub bf_radius: f64,
+    pub abf: [f64; 2],
+    pub adf: [f64; 2],
+    pub haadf: [f64; 2],
+    pub origin: Origin,
+}
+
+/// Blocks sampled for the mean pattern that locates the disk.
+const SAMPLE_BLOCKS: usize = 4;
+
+impl Geometry {
+    /// The options completed from the data: the disk is looked for only
+    /// when the centre or the radius is missing.
+    pub fn resolve(reducer: &Reducer<'_>, options: &DetectorOptions) -> Result<Self, ReduceError> {
+        let detector = reducer.detector();
+        let (center, radius, origin) = match (options.center, options.bf_radius) {
+            (Some(c), Some(r)) => (c, r, Origin::Given),
+            _ => {
+                let (pattern, frames) = reducer.sample_pattern(SAMPLE_BLOCKS)?;
+                match find_disk(&pattern, detector, |p| reducer.is_valid(p)) {
+                    Ok(disk) => (
+                        options.center.unwrap_or(disk.center),
+                        options.bf_radius.unwrap_or(disk.radius),
+                        Origin::Found { disk, frames },
+                    ),
+                    Err(reason) => {
+                        let (c, r) = fallback(detector);
+                        (
+                            options.center.unwrap_or(c),
+                            options.bf_radius.unwrap_or(r),
+                            Origin::Fallback { reason, frames },
+                        )
+                    }
+                }
+            }
+        };
+        let [abf, adf, haadf] = default_annuli(detector, center, radius);
+        Ok(Geometry {
+            detector,
+            center,
+            bf_radius: radius,
+            abf: options.abf.unwrap_or(abf),
+            adf: options.adf.unwrap_or(adf),
+            haadf: options.haadf.unwrap_or(haadf),
+            origin,
+        })
+    }
+
+    /// The masks of `bf`, `abf`, `adf`, `haadf`, in that order.
+    pub fn masks(&self) -> [PixelSet; 4] {
+        let annulus = |[inner, outer]: [f64; 2]| Shape::Annulus { inner, outer };
+        [
+            mask(
+                self.detector,
+                self.center,
+                Shape::Disk {
+                    radius: self.bf_radius,
+                },
+            ),
+            mask(self.detector, self.center, annulus(self.abf)),
+            mask(self.detector, self.center, annulus(self.adf)),
+            mask(self.detector, self.center, annulus(self.haadf)),
+        ]
+    }
+
+    /// The `detectors.json` document.
+    pub fn to_json(&self) -> Value {
+        let masks = self.masks();
+        let annulus = |[inner, outer]: [f64; 2], m: &PixelSet| json!({"shape": "annulus", "inner_radius": inner, "outer_radius": outer, "pixels": m.len()});
+        let found = match &self.origin {
+            Origin::Given => json!({"method": "given"}),
+            Origin::Found { disk, frames } => json!({
+                "method": "found",
+                "algorithm": "mean pattern of sampled frames, 3x3 median, threshold half-way between median and maximum, 4-connected region holding the maximum; centre = centroid, radius = sqrt(area / pi)",
+                "frames_sampled": frames,
+                "center": disk.center,
+                "radius": disk.radius,
+                "threshold": disk.threshold,
+                "median_level": disk.low,
+                "maximum_level": disk.high,
+                "area_pixels": disk.area,
+            }),
+            Origin::Fallback { reason, frames } => json!({
+                "method": "fallback",
+                "reason": reason,
+                "frames_sampled": frames,
+                "rule": "centre of the detector, radius min(rows, columns) / 8",
+            }),
+        };
+        json!({
+            "units": "detector pixels",
+            "convention": "pixel centres at integer (row, column); disk: d <= r; annulus: inner <= d <= outer",
+            "detector_shape": self.detector,
+            "center": self.center,
+            "bright_field_radius": self.bf_radius,
+            "bright_field_disk": found,
+            "detectors": {
+                "bf": {"shape": "disk", "radius": self.bf_radius, "pixels": masks[0].len()},
+                "abf": annulus(self.abf, &masks[1]),
+                "adf": annulus(self.adf, &masks[2]),
+                "haadf": annulus(self.haadf, &masks[3]),
+            },
+            "defaults": "abf = [R/2, R]; adf = [1.2 R, a]; haadf = [a, D]; a = min(3 R, (1.2 R + D) / 2); D = distance to the farthest pixel centre",
+        })
+    }
 }
 
 #[cfg(test)]

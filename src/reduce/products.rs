@@ -66,8 +66,15 @@ impl<'a> Reducer<'a> {
         self.background.is_some()
     }
 
-    fn valid(&self, p: usize) -> bool {
+    /// Whether detector pixel `p` is valid (invalid pixels read as 0).
+    pub fn is_valid(&self, p: usize) -> bool {
         self.file.valid_mask().is_none_or(|v| v.is_valid(p))
+    }
+
+    /// `[rows, columns]` of the detector.
+    pub fn detector(&self) -> [usize; 2] {
+        let [_, _, r, c] = self.file.shape();
+        [r, c]
     }
 
     fn request(&self, masks: Vec<PixelSet>, moments: bool, pattern: bool) -> Request {
@@ -149,7 +156,7 @@ impl<'a> Reducer<'a> {
                     }
                     if wanted[p] {
                         any = true;
-                    } else if self.valid(p) {
+                    } else if self.is_valid(p) {
                         all = false;
                         break;
                     }
@@ -182,10 +189,12 @@ impl<'a> Reducer<'a> {
             .map(|mask| {
                 let bits = mask.bitmap(p_count);
                 let wanted: Vec<bool> = (0..p_count)
-                    .map(|p| bits[p] == 1 && self.valid(p))
+                    .map(|p| bits[p] == 1 && self.is_valid(p))
                     .collect();
                 let direct = self.plan(&wanted);
-                let others: Vec<bool> = (0..p_count).map(|p| !wanted[p] && self.valid(p)).collect();
+                let others: Vec<bool> = (0..p_count)
+                    .map(|p| !wanted[p] && self.is_valid(p))
+                    .collect();
                 let mut complement = self.plan(&others);
                 complement.complement = true;
                 if complement.residue.len() < direct.residue.len() {
