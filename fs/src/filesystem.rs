@@ -82,7 +82,10 @@ fn errno(e: &TreeError) -> Errno {
         TreeError::NotFound(_) => Errno::ENOENT,
         TreeError::NotADirectory(_) => Errno::ENOTDIR,
         TreeError::IsADirectory(_) => Errno::EISDIR,
-        TreeError::Decode { .. } | TreeError::Io { .. } | TreeError::Internal(_) => Errno::EIO,
+        TreeError::Decode { .. }
+        | TreeError::Io { .. }
+        | TreeError::Internal(_)
+        | TreeError::SourceChanged => Errno::EIO,
     }
 }
 

@@ -47,6 +47,9 @@ pub enum TreeError {
     Io { path: PathBuf, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// A memory-mapped source was truncated while being read (EIO).
+    #[error("{}", crate::mapguard::CHANGED)]
+    SourceChanged,
 }
 
 /// Cache key of a decoded block: which opening of which file, which block,
