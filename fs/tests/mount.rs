@@ -222,7 +222,11 @@ fn mounted_files_equal_qem_cat_and_the_reference_arrays() {
             );
         }
     }
-    for name in ["u16-invalid-mask-33x40", "f32-special-128x128", "scaled-three-regions-9x9"] {
+    for name in [
+        "u16-invalid-mask-33x40",
+        "f32-special-128x128",
+        "scaled-three-regions-9x9",
+    ] {
         let source = m.src.join(format!("{name}.qem"));
         let mut rels: Vec<String> = fs::read_dir(m.path(&format!("{name}.qem/virtual")))
             .unwrap()
