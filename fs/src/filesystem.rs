@@ -387,12 +387,12 @@ impl Filesystem for QemFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let value = match self.node(ino.0) {
-            Ok((_, Node::Dir(d, _))) => d
-                .xattrs()
+            Ok((path, _)) => self
+                .tree
+                .xattrs(&path)
                 .into_iter()
                 .find(|(k, _)| OsStr::new(k) == name)
                 .map(|(_, v)| v),
-            Ok(_) => None,
             Err(e) => return reply.error(e),
         };
         match value {
@@ -405,12 +405,12 @@ impl Filesystem for QemFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let names: Vec<u8> = match self.node(ino.0) {
-            Ok((_, Node::Dir(d, _))) => d
-                .xattrs()
+            Ok((path, _)) => self
+                .tree
+                .xattrs(&path)
                 .into_iter()
                 .flat_map(|(k, _)| k.into_bytes().into_iter().chain([0]))
                 .collect(),
-            Ok(_) => Vec::new(),
             Err(e) => return reply.error(e),
         };
         if size == 0 {

@@ -413,6 +413,18 @@ fn xattrs_describe_containers() {
         Some(state.trim().to_string())
     );
     assert_eq!(get("README.txt", "user.qem.codec"), None);
+    // Files and folders inside a container carry its attributes.
+    for rel in ["data.npy", "virtual/bf.npy", "frames/0"] {
+        assert_eq!(
+            get(&format!("f32-special-128x128.qem/{rel}"), "user.qem.codec").as_deref(),
+            Some("float32-bit-lanes-rans-v1"),
+            "{rel}"
+        );
+    }
+    assert_eq!(
+        get("nested/emb.semq/ids.txt", "user.semq.state_id"),
+        Some(state.trim().to_string())
+    );
 }
 
 #[test]

@@ -231,6 +231,25 @@ impl Tree {
         }
     }
 
+    /// Extended attributes of `path`: a container's (`user.qem.*`,
+    /// `user.semq.*`) on the container and on everything inside it.
+    pub fn xattrs(&self, path: &str) -> Vec<(String, Vec<u8>)> {
+        let mut prefix = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+            if format_of(part).is_some() {
+                return match self.resolve(&prefix) {
+                    Ok(Node::Dir(d, _)) => d.xattrs(),
+                    _ => Vec::new(),
+                };
+            }
+        }
+        Vec::new()
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }
