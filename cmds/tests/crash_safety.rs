@@ -1,7 +1,8 @@
 //! Crash safety of the commands that write files: `qem convert` and
 //! `semq encode` are killed with SIGKILL at points spread over their run
 //! (fractions of the time one whole run takes, plus fixed early points).
-//! After every kill:
+//! While a run goes on, the final name is watched as a reader would, and
+//! after every kill:
 //!
 //! * the final name holds nothing, the file that was there before
 //!   (`--force`), or the complete output, byte-identical to an
@@ -87,11 +88,24 @@ impl Job {
     }
 
     /// Starts a run and kills it (SIGKILL) after `delay`; the PID and
-    /// whether it had already finished.
-    fn kill_after(&self, delay: Duration) -> (u32, bool) {
+    /// whether it had already finished. Until the kill, the final name is
+    /// watched like a reader would (every millisecond or so): `look` is
+    /// called with what it holds whenever that changes.
+    fn kill_after(&self, delay: Duration, mut look: impl FnMut(Option<&[u8]>)) -> (u32, bool) {
         let mut child = self.command().stderr(Stdio::null()).spawn().unwrap();
         let pid = child.id();
-        sleep(delay);
+        let start = Instant::now();
+        let mut seen: Option<(u64, std::time::SystemTime)> = None;
+        while start.elapsed() < delay {
+            if let Ok(meta) = fs::metadata(self.out()) {
+                let stamp = (meta.len(), meta.modified().unwrap());
+                if seen != Some(stamp) {
+                    seen = Some(stamp);
+                    look(fs::read(self.out()).ok().as_deref());
+                }
+            }
+            sleep(Duration::from_micros(500).min(delay.saturating_sub(start.elapsed())));
+        }
         let finished = child.try_wait().unwrap().is_some();
         // Fails only when the process is already gone.
         let _ = child.kill();
@@ -122,7 +136,18 @@ fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole:
     for delay in delays {
         restore();
         let existing: Vec<String> = entries(&job.out_dir);
-        let (pid, finished) = job.kill_after(delay);
+        let (pid, finished) = job.kill_after(delay, |now| {
+            // While the writer runs, the final name holds the old file or
+            // the complete output, never anything in between.
+            if let Some(bytes) = now {
+                assert!(
+                    Some(bytes) == before || bytes == complete,
+                    "during a run {} held {} bytes that are neither the old file nor the complete output",
+                    job.out().display(),
+                    bytes.len()
+                );
+            }
+        });
         interrupted += usize::from(!finished);
         match fs::read(job.out()) {
             Ok(bytes) if Some(&bytes[..]) == before => {}
