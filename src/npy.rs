@@ -79,7 +79,10 @@ impl DType {
     /// ones only little-endian (`<`, or `=` which numpy writes on LE hosts
     /// only when asked, and which we take as native = little-endian).
     pub fn from_descr(descr: &str) -> Result<DType, NpyError> {
-        let (order, kind) = descr.split_at(descr.len().min(1));
+        // The order mark is one ASCII byte; a descr starting with any other
+        // character (format 3.0 headers are UTF-8) has none, and is refused
+        // below as unsupported.
+        let (order, kind) = descr.split_at_checked(1).unwrap_or(("", descr));
         let dtype = match kind {
             "u1" | "B" => DType::U8,
             "i1" | "b" => DType::I8,

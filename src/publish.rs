@@ -60,9 +60,6 @@ impl AtomicFile {
     /// not be replaced, so no work is wasted on an output that cannot land.
     pub fn create(target: impl AsRef<Path>, overwrite: Overwrite) -> Result<Self, PublishError> {
         let target = target.as_ref().to_path_buf();
-        if overwrite == Overwrite::Never && fs::symlink_metadata(&target).is_ok() {
-            return Err(PublishError::Exists(target));
-        }
         let name = target
             .file_name()
             .ok_or_else(|| {
@@ -74,18 +71,31 @@ impl AtomicFile {
             .to_string_lossy()
             .into_owned();
         let dir = parent_dir(&target);
+        // Before the refusal below: a killed writer's leftovers go even
+        // when this run cannot write either.
         remove_stale_temporaries(dir, &name);
-        let temp = dir.join(format!(
-            ".{name}.tmp-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let file = OpenOptions::new()
-            .write(true)
-            .read(true)
-            .create_new(true)
-            .open(&temp)
-            .map_err(|e| PublishError::io(&temp, e))?;
+        if overwrite == Overwrite::Never && fs::symlink_metadata(&target).is_ok() {
+            return Err(PublishError::Exists(target));
+        }
+        let (temp, file) = loop {
+            let temp = dir.join(format!(
+                ".{name}.tmp-{}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            match OpenOptions::new()
+                .write(true)
+                .read(true)
+                .create_new(true)
+                .open(&temp)
+            {
+                Ok(file) => break (temp, file),
+                // Left by an earlier process that had our PID (so it was not
+                // removed as stale): take the next number.
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(PublishError::io(&temp, e)),
+            }
+        };
         Ok(AtomicFile {
             target,
             temp,
@@ -178,9 +188,10 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// Removes `.NAME.tmp-PID-N` files whose writer process is gone (killed
-/// before it could clean up). Files of running processes are left alone.
-fn remove_stale_temporaries(dir: &Path, name: &str) {
+/// Removes `.NAME.tmp-PID-...` files (`N`, `body-N`, `replace`) whose
+/// writer process is gone (killed before it could clean up). Files of
+/// running processes are left alone.
+pub(crate) fn remove_stale_temporaries(dir: &Path, name: &str) {
     let prefix = format!(".{name}.tmp-");
     let Ok(entries) = fs::read_dir(dir) else {
         return;
@@ -277,5 +288,38 @@ mod tests {
         write_file(dir.path().join("z"), b"done", Overwrite::Never).unwrap();
         assert!(!dead.exists());
         assert!(alive.exists());
+    }
+
+    #[test]
+    fn a_refused_write_still_cleans_dead_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("w");
+        fs::write(&target, b"kept").unwrap();
+        let dead = dir.path().join(".w.tmp-4999999-body-3");
+        fs::write(&dead, b"x").unwrap();
+        assert!(matches!(
+            AtomicFile::create(&target, Overwrite::Never),
+            Err(PublishError::Exists(_))
+        ));
+        assert_eq!(names(dir.path()), vec!["w"]);
+    }
+
+    #[test]
+    fn a_leftover_with_our_own_name_is_stepped_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("v");
+        // What a process with our PID could have left: the next names
+        // (more than the other tests here can take meanwhile).
+        let next = COUNTER.load(Ordering::Relaxed);
+        for n in next..next + 64 {
+            fs::write(
+                dir.path()
+                    .join(format!(".v.tmp-{}-{n}", std::process::id())),
+                b"old",
+            )
+            .unwrap();
+        }
+        write_file(&target, b"new", Overwrite::Never).unwrap();
+        assert_eq!(fs::read(&target).unwrap(), b"new");
     }
 }

@@ -100,7 +100,11 @@ impl BodyIntegrity {
             let start = k * CHECKSUM_BLOCK;
             let end = (start + CHECKSUM_BLOCK).min(self.body_len);
             match (&self.expected[k], body.get(start..end)) {
-                (Some(want), Some(bytes)) => Sha256::digest(bytes).as_slice() == want,
+                // Fuzzing builds (`--cfg fuzzing`) skip the digest so that
+                // mutated bodies reach the decoders.
+                (Some(want), Some(bytes)) => {
+                    cfg!(fuzzing) || Sha256::digest(bytes).as_slice() == want
+                }
                 _ => false,
             }
         });

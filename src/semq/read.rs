@@ -183,13 +183,15 @@ pub(crate) fn validate(
 
     // 6. Identities.
     let footer = &buf[buf.len() - FOOTER_LEN..];
-    if content[..] != footer[..32] {
+    // Fuzzing builds (`cargo fuzz`, `--cfg fuzzing`) accept any footer so
+    // that mutated images reach the readers behind the digests.
+    if content[..] != footer[..32] && !cfg!(fuzzing) {
         return Err(SemqError::Integrity {
             which: Which::Content,
         });
     }
     let state = identity::state_id(&content, manifest_section);
-    if state[..] != footer[32..] {
+    if state[..] != footer[32..] && !cfg!(fuzzing) {
         return Err(SemqError::Integrity {
             which: Which::State,
         });

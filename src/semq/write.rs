@@ -1,15 +1,12 @@
 //! Writing an image: to a temporary sibling, fsync, then publish under the
 //! final name without ever replacing an existing file (spec 5, DESIGN).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io;
+use std::path::Path;
 
 use super::encoding::Encoding;
 use super::error::{Result, SemqError};
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
+use crate::publish::{self, Overwrite, PublishError};
 
 impl Encoding {
     /// Writes the file image to `path`. Fails with an `Io` error of kind
@@ -20,53 +17,42 @@ impl Encoding {
     }
 }
 
-/// Publishes `bytes` as a new file at `path` atomically: the bytes go to
-/// a temporary sibling (same directory, so same filesystem), are synced,
-/// and the temporary is hard-linked to the final name, which fails rather
-/// than replaces when the name exists; the temporary is then removed.
+/// Publishes `bytes` as a new file at `path` atomically with
+/// [`crate::publish`]: the bytes go to a temporary sibling
+/// `.NAME.tmp-PID-N` (same directory, so same filesystem), are synced, and
+/// the temporary is hard-linked to the final name, which fails rather than
+/// replaces when the name exists. Temporaries left by killed writers of the
+/// same name are removed.
 pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<()> {
-    let io = |source| SemqError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let name = path.file_name().ok_or_else(|| {
-        io(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "path has no file name",
-        ))
-    })?;
-    let (tmp, mut file) = create_temp(&dir, &name.to_string_lossy()).map_err(io)?;
-    let result = (|| -> io::Result<()> {
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        fs::hard_link(&tmp, path)?;
-        Ok(())
-    })();
-    // The temporary goes in every case: after a successful link the final
-    // name holds the data, after a failure nothing was published.
-    let removed = fs::remove_file(&tmp);
-    result.map_err(io)?;
-    removed.map_err(io)?;
-    // Make the new directory entry durable too.
-    if let Ok(d) = File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
+    publish::write_file(path, bytes, Overwrite::Never).map_err(|e| match e {
+        PublishError::Exists(path) => SemqError::Io {
+            source: io::Error::new(io::ErrorKind::AlreadyExists, "file exists"),
+            path,
+        },
+        PublishError::Io { path, source } => SemqError::Io { path, source },
+    })
 }
 
-fn create_temp(dir: &Path, name: &str) -> io::Result<(PathBuf, File)> {
-    loop {
-        let k = COUNTER.fetch_add(1, Ordering::Relaxed);
-        let tmp = dir.join(format!(".{name}.{}.{k}.tmp", std::process::id()));
-        match OpenOptions::new().write(true).create_new(true).open(&tmp) {
-            Ok(f) => return Ok((tmp, f)),
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_to_replace_and_cleans_dead_temporaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.semq");
+        // PIDs above the kernel's pid_max never run.
+        let stale = dir.path().join(".s.semq.tmp-4999999-0");
+        std::fs::write(&stale, b"partial").unwrap();
+        write_new_file(&path, b"image").unwrap();
+        assert!(!stale.exists());
+        let err = write_new_file(&path, b"other").unwrap_err();
+        assert!(
+            matches!(&err, SemqError::Io { source, .. } if source.kind() == io::ErrorKind::AlreadyExists),
+            "{err}"
+        );
+        assert_eq!(std::fs::read(&path).unwrap(), b"image");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+        assert_eq!(names.len(), 1);
     }
 }

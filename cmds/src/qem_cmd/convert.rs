@@ -8,7 +8,7 @@
 
 use std::fs::{self, File};
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use memmap2::Mmap;
 use serde_json::{Map, Value};
@@ -108,33 +108,21 @@ fn shape4(dims: &[usize], path: &Path) -> Result<[u64; 4], Failure> {
 }
 
 /// A `.qem` output: written by the library's writer, which never replaces
-/// a file; with `--force` it writes a temporary sibling and renames it over
-/// the old file in one step.
+/// a file, or with `--force` replaces it in one rename at the end.
 fn write_qem(
     out: &Path,
     force: bool,
     spec: WriteSpec,
     feed: impl FnOnce(&mut Writer) -> Result<(), Failure>,
 ) -> Result<(), Failure> {
-    let replacing = force && fs::symlink_metadata(out).is_ok();
-    let target: PathBuf = if replacing {
-        let name = out
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        out.with_file_name(format!(".{name}.tmp-{}-replace", std::process::id()))
+    let mut writer = if force {
+        Writer::create_replacing(out, spec)
     } else {
-        out.to_path_buf()
-    };
-    let mut writer = Writer::create(&target, spec).map_err(|e| Failure::file(out, e))?;
+        Writer::create(out, spec)
+    }
+    .map_err(|e| Failure::file(out, e))?;
     feed(&mut writer)?;
     writer.finish().map_err(|e| Failure::file(out, e))?;
-    if replacing {
-        fs::rename(&target, out).map_err(|e| {
-            let _ = fs::remove_file(&target);
-            Failure::file(out, e)
-        })?;
-    }
     Ok(())
 }
 

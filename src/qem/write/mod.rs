@@ -378,6 +378,7 @@ fn hex(bytes: &[u8]) -> String {
 /// A `.qem` file being written; see the module documentation.
 pub struct Writer {
     target: Option<PathBuf>,
+    overwrite: Overwrite,
     kind: Kind,
     model: ModelChoice,
     frames: u64,
@@ -397,12 +398,29 @@ impl Writer {
     pub fn create(path: impl AsRef<Path>, spec: WriteSpec) -> Result<Writer, WriteError> {
         let target = path.as_ref().to_path_buf();
         publish::check_target_free(&target)?;
+        Writer::spooled(target, Overwrite::Never, spec)
+    }
+
+    /// Like [`create`](Writer::create), but [`finish`](Writer::finish)
+    /// replaces `path` if it exists, in one rename: until then the old file
+    /// is untouched, and a crash leaves either it or the complete new file.
+    pub fn create_replacing(path: impl AsRef<Path>, spec: WriteSpec) -> Result<Writer, WriteError> {
+        Writer::spooled(path.as_ref().to_path_buf(), Overwrite::Replace, spec)
+    }
+
+    fn spooled(
+        target: PathBuf,
+        overwrite: Overwrite,
+        spec: WriteSpec,
+    ) -> Result<Writer, WriteError> {
         let temp = TempFile::spool(&target)?;
         let file = BufWriter::with_capacity(
             1 << 20,
             temp.file.try_clone().map_err(|e| io_error(&temp.path, e))?,
         );
-        Writer::start(Some(target), spec, Sink::Spool { file, temp })
+        let mut w = Writer::start(Some(target), spec, Sink::Spool { file, temp })?;
+        w.overwrite = overwrite;
+        Ok(w)
     }
 
     /// Like [`create`](Writer::create), producing the file's bytes in memory
@@ -517,6 +535,7 @@ impl Writer {
         }
         Ok(Writer {
             target,
+            overwrite: Overwrite::Never,
             kind,
             model: spec.model,
             frames,
@@ -741,7 +760,7 @@ impl Writer {
         let mut spool = file
             .into_inner()
             .map_err(|e| io_error(&temp.path, e.into_error()))?;
-        let mut out = AtomicFile::create(&target, Overwrite::Never).map_err(publish_error)?;
+        let mut out = AtomicFile::create(&target, self.overwrite).map_err(publish_error)?;
         let out_path = out.target().to_path_buf();
         out.file()
             .write_all(&head)

@@ -41,6 +41,8 @@ impl TempFile {
             .to_string_lossy()
             .into_owned();
         let dir = parent_dir(target);
+        // A killed writer's spool can be large: free it before spooling.
+        crate::publish::remove_stale_temporaries(&dir, &name);
         loop {
             let n = COUNTER.fetch_add(1, Ordering::Relaxed);
             let path = dir.join(format!(".{name}.tmp-{}-body-{n}", std::process::id()));

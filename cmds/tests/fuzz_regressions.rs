@@ -1,0 +1,76 @@
+//! Inputs found by the fuzz targets in `fuzz/`, fed to the commands that
+//! read them: a clean `error: <file>: <reason>` and exit code 2, no panic,
+//! and no file left behind.
+
+use assert_cmd::Command;
+use std::fs;
+
+/// The `npy_parse` finding (see `tests/fuzz_regressions.rs` of the core
+/// library): a format 3.0 `.npy` whose `descr` starts with a two-byte
+/// character made `DType::from_descr` panic.
+fn npy_v3_descr_multibyte() -> Vec<u8> {
+    let mut bytes = b"\x93NUMPY\x03\x00\x74\x00\x00\x00".to_vec();
+    bytes.extend_from_slice(
+        "{'descr': '\u{193}u2', 'fortran_order': False, 'shape': (2, 2, 2), }".as_bytes(),
+    );
+    bytes.resize(127, b' ');
+    bytes.extend_from_slice(b"\n\x00");
+    bytes
+}
+
+fn assert_clean_refusal(out: &std::process::Output, file: &std::path::Path) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.starts_with(&format!("error: {}: ", file.display())),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
+fn npy_with_a_multibyte_descr_is_refused_by_convert_and_encode() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("bad.npy");
+    fs::write(&input, npy_v3_descr_multibyte()).unwrap();
+
+    let qem_out = dir.path().join("out.qem");
+    let out = Command::cargo_bin("qem")
+        .unwrap()
+        .arg("convert")
+        .arg(&input)
+        .arg(&qem_out)
+        .output()
+        .unwrap();
+    assert_clean_refusal(&out, &input);
+
+    let ids = dir.path().join("ids.txt");
+    fs::write(&ids, "a\nb\n").unwrap();
+    let semq_out = dir.path().join("out.semq");
+    let out = Command::cargo_bin("semq")
+        .unwrap()
+        .args([
+            "encode",
+            "--op",
+            "quant",
+            "--dim",
+            "2",
+            "--bins",
+            "4",
+            "--vectors",
+        ])
+        .arg(&input)
+        .arg("--ids")
+        .arg(&ids)
+        .arg(&semq_out)
+        .output()
+        .unwrap();
+    assert_clean_refusal(&out, &input);
+
+    let mut left: Vec<String> = fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    left.sort();
+    assert_eq!(left, ["bad.npy", "ids.txt"]);
+}
