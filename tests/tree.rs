@@ -319,6 +319,7 @@ fn concurrent_sequential_reads_with_prefetch_finish() {
             &root,
             &TreeOptions {
                 cache_bytes: 1 << 16,
+                ..TreeOptions::default()
             },
         ));
         let threads: Vec<_> = (0..4)
@@ -355,4 +356,155 @@ fn concurrent_sequential_reads_with_prefetch_finish() {
 fn npy_data_of(bytes: &[u8]) -> &[u8] {
     let h = npy::parse_header(bytes).unwrap();
     &bytes[h.data_offset..]
+}
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data")
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    npy_data_of(bytes)
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Per frame, the sum of counts at valid pixels with `lo ≤ d² ≤ hi`
+/// about `c` (the example marks a hot pixel invalid).
+fn ring_sums(counts: &[u16], det: usize, c: [f64; 2], lo: f64, hi: f64) -> Vec<f32> {
+    let file = qemfs::qem::QemFile::open(examples().join("scan-u16.qem")).unwrap();
+    let valid = file.valid_mask().unwrap();
+    counts
+        .chunks_exact(det * det)
+        .map(|frame| {
+            let mut s = 0u64;
+            for (p, &v) in frame.iter().enumerate() {
+                let (dy, dx) = ((p / det) as f64 - c[0], (p % det) as f64 - c[1]);
+                let d2 = dy * dy + dx * dx;
+                if lo <= d2 && d2 <= hi && valid.is_valid(p) {
+                    s += u64::from(v);
+                }
+            }
+            s as f32
+        })
+        .collect()
+}
+
+#[test]
+fn virtual_detectors_follow_the_geometry_they_report() {
+    let tree = Tree::new(examples(), &TreeOptions::default());
+    let counts: Vec<u16> = npy_data_of(&read(&tree, "scan-u16.qem/data.npy"))
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    let det = 64;
+    let doc: Value =
+        serde_json::from_slice(&read(&tree, "scan-u16.qem/virtual/detectors.json")).unwrap();
+    // The generator's disk: centre near (31.5, 31.5), radius 10.24.
+    assert_eq!(doc["bright_field_disk"]["method"], "found");
+    let c = [
+        doc["center"][0].as_f64().unwrap(),
+        doc["center"][1].as_f64().unwrap(),
+    ];
+    let r = doc["bright_field_radius"].as_f64().unwrap();
+    assert!(
+        (c[0] - 31.5).abs() < 1.0 && (c[1] - 31.5).abs() < 1.0,
+        "{c:?}"
+    );
+    assert!((r - 10.24).abs() < 0.5, "{r}");
+    let bf = f32s(&read(&tree, "scan-u16.qem/virtual/bf.npy"));
+    assert_eq!(bf, ring_sums(&counts, det, c, f64::NEG_INFINITY, r * r));
+    for name in ["abf", "adf", "haadf"] {
+        let ring = &doc["detectors"][name];
+        let (ri, ro) = (
+            ring["inner_radius"].as_f64().unwrap(),
+            ring["outer_radius"].as_f64().unwrap(),
+        );
+        let got = f32s(&read(&tree, &format!("scan-u16.qem/virtual/{name}.npy")));
+        assert_eq!(got, ring_sums(&counts, det, c, ri * ri, ro * ro), "{name}");
+    }
+    // Custom detectors are served on lookup, not listed.
+    let disk = f32s(&read(&tree, "scan-u16.qem/virtual/disk-20-40.5-7.npy"));
+    assert_eq!(
+        disk,
+        ring_sums(&counts, det, [20.0, 40.5], f64::NEG_INFINITY, 49.0)
+    );
+    let ring = f32s(&read(
+        &tree,
+        "scan-u16.qem/virtual/annulus-31.5-31.5-12-99.npy",
+    ));
+    assert_eq!(
+        ring,
+        ring_sums(&counts, det, [31.5, 31.5], 144.0, 99.0 * 99.0)
+    );
+    assert!(!names(&tree, "scan-u16.qem/virtual")
+        .iter()
+        .any(|n| n.starts_with("disk-")));
+    assert!(tree.resolve("scan-u16.qem/virtual/disk-1-2.npy").is_err());
+
+    // Centre of mass: the generator moves the disk by 1.5 sin(0.4 row)
+    // along detector rows; mean-subtracted values follow that.
+    let com_row = f32s(&read(&tree, "scan-u16.qem/virtual/com_row.npy"));
+    let file = qemfs::qem::QemFile::open(examples().join("scan-u16.qem")).unwrap();
+    let valid = file.valid_mask().unwrap();
+    let mut want = Vec::new();
+    for frame in counts.chunks_exact(det * det) {
+        let total: u64 = frame
+            .iter()
+            .enumerate()
+            .filter(|&(p, _)| valid.is_valid(p))
+            .map(|(_, &v)| u64::from(v))
+            .sum();
+        let moment: u64 = frame
+            .iter()
+            .enumerate()
+            .filter(|&(p, _)| valid.is_valid(p))
+            .map(|(p, &v)| (p / det) as u64 * u64::from(v))
+            .sum();
+        want.push(moment as f64 / total as f64);
+    }
+    let mean = want.iter().sum::<f64>() / want.len() as f64;
+    for (f, (&got, w)) in com_row.iter().zip(&want).enumerate() {
+        assert!(
+            (f64::from(got) - (w - mean)).abs() < 1e-4,
+            "frame {f}: {got} vs {}",
+            w - mean
+        );
+    }
+    let mean_dp = f32s(&read(&tree, "scan-u16.qem/virtual/mean_dp.npy"));
+    let frames = counts.len() / (det * det);
+    for p in (0..det * det).filter(|&p| valid.is_valid(p)).step_by(97) {
+        let s: u64 = (0..frames)
+            .map(|f| u64::from(counts[f * det * det + p]))
+            .sum();
+        assert_eq!(mean_dp[p], (s as f64 / frames as f64) as f32);
+    }
+}
+
+#[test]
+fn given_geometry_is_used_and_reported() {
+    let options = TreeOptions {
+        detectors: qemfs::reduce::geometry::DetectorOptions {
+            center: Some([10.0, 12.0]),
+            bf_radius: Some(4.0),
+            adf: Some([5.0, 6.0]),
+            ..Default::default()
+        },
+        ..TreeOptions::default()
+    };
+    let tree = Tree::new(examples(), &options);
+    let doc: Value =
+        serde_json::from_slice(&read(&tree, "scan-u16.qem/virtual/detectors.json")).unwrap();
+    assert_eq!(doc["bright_field_disk"]["method"], "given");
+    assert_eq!(doc["detectors"]["adf"]["inner_radius"], 5.0);
+    assert_eq!(doc["detectors"]["abf"]["outer_radius"], 4.0);
+    let counts: Vec<u16> = npy_data_of(&read(&tree, "scan-u16.qem/data.npy"))
+        .chunks_exact(2)
+        .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    let bf = f32s(&read(&tree, "scan-u16.qem/virtual/bf.npy"));
+    assert_eq!(
+        bf,
+        ring_sums(&counts, 64, [10.0, 12.0], f64::NEG_INFINITY, 16.0)
+    );
 }

@@ -4,6 +4,7 @@
 //! same definitions the binaries parse with).
 
 pub mod argparse;
+pub mod detector_args;
 pub mod exit;
 pub mod manpages;
 pub mod out;

@@ -1,6 +1,7 @@
 //! The `qem` command line: one clap definition that the binary parses with
 //! and from which the man pages and shell completions are generated.
 
+use crate::detector_args::DetectorArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -138,6 +139,8 @@ pub struct LsArgs {
     /// Also print sizes (bytes)
     #[arg(short, long)]
     pub long: bool,
+    #[command(flatten)]
+    pub detectors: DetectorArgs,
 }
 
 #[derive(Debug, Args)]
@@ -146,6 +149,8 @@ pub struct CatArgs {
     pub file: PathBuf,
     /// A file inside its virtual tree, e.g. data.npy or frames/0/0.npy
     pub path: String,
+    #[command(flatten)]
+    pub detectors: DetectorArgs,
 }
 
 #[derive(Debug, Args)]

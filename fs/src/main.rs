@@ -21,6 +21,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use qemfs::tree::{Tree, TreeOptions};
+use qemfs_cmds::detector_args::DetectorArgs;
 
 /// Readahead for the mount: whole decoded arrays are read sequentially.
 const READAHEAD_KIB: u32 = 8192;
@@ -69,6 +70,8 @@ struct MountArgs {
     /// Threads answering reads
     #[arg(long, default_value_t = default_workers())]
     workers: usize,
+    #[command(flatten)]
+    detectors: DetectorArgs,
     /// Internal: the daemon reports readiness on this descriptor
     #[arg(long, hide = true)]
     ready_fd: Option<RawFd>,
@@ -178,6 +181,7 @@ fn start_daemon(args: &MountArgs) -> Result<(), String> {
         .arg(args.cache_size.to_string())
         .arg("--workers")
         .arg(args.workers.to_string())
+        .args(args.detectors.to_args())
         .arg("--ready-fd")
         .arg(write_fd.to_string())
         .stdin(Stdio::null())
@@ -264,6 +268,8 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
     let source = mountpoint::absolute(&args.source).map_err(|e| e.to_string())?;
     let options = TreeOptions {
         cache_bytes: args.cache_size.saturating_mul(1 << 20),
+        detectors: args.detectors.options(),
+        ..TreeOptions::default()
     };
     let tree = Arc::new(Tree::new(&source, &options));
     let fs =

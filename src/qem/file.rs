@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use super::checksum::{hex, BodyIntegrity};
 use super::envelope::Envelope;
 use super::error::{QemError, Result, StreamFault, StreamSite};
-use super::header::{Codec, Dtype, Header, ValidMask, INTERVAL};
+use super::header::{Codec, Dtype, Header, ValidMask};
 use super::json::parse_strict;
 use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
 use super::metadata::ScientificMetadata;
@@ -52,7 +52,8 @@ enum ChunkFault {
 pub struct PixelStreams {
     /// The requested pixels, in request order.
     pub pixels: Vec<usize>,
-    /// `N`, values per pixel.
+    /// Values per pixel: `N`, or a block's frame count from
+    /// [`QemFile::decode_block_pixels`].
     pub frames: usize,
     /// Pixel-major values: entry `k * frames + f` is pixel `pixels[k]` at
     /// frame `f`.
@@ -665,42 +666,91 @@ impl QemFile {
     /// Decodes the streams of `pixels` over all frames, without decoding
     /// other pixels. Pixels may repeat; each must be `< pixels()`.
     pub fn decode_pixels(&self, pixels: &[usize]) -> Result<PixelStreams> {
-        let p_count = self.pixels();
-        if let Some(&p) = pixels.iter().find(|&&p| p >= p_count) {
-            return Err(QemError::OutOfRange {
-                what: "pixel",
-                index: p,
-                limit: p_count,
-            });
-        }
+        self.check_pixels(pixels)?;
         let n = self.frames();
-        let float = self.codec() == Codec::Float;
         let len = pixels
             .len()
             .checked_mul(n)
             .ok_or_else(|| QemError::layout(None, "request too large"))?;
-        let decode_one = |s: usize, info: &BlockInfo, out: &mut [u16]| -> Result<()> {
-            let c = info.chunk;
-            let chunk = &self.layout.chunks[c];
-            let table = self.stream_table(c)?;
-            self.checked(self.payload_span(chunk, &table, s, 1))?;
-            table
-                .decode_range(s, info.frames, out)
-                .map_err(|(s, fault)| QemError::Stream {
-                    site: StreamSite {
-                        chunk: c,
-                        stream: s,
-                    },
-                    fault,
-                })?;
-            if self.stored_dtype() == Dtype::U8 {
-                if let Some(&v) = out.iter().find(|&&v| v > 255) {
+        let mut values = match self.codec() {
+            Codec::Float => PixelValues::F32Bits(vec![0u32; len]),
+            _ => PixelValues::U16(vec![0u16; len]),
+        };
+        for info in &self.layout.blocks {
+            let part = self.decode_block_pixels(info.index, pixels)?;
+            let m = info.frames;
+            let range = info.frame_range();
+            match (&mut values, part.values) {
+                (PixelValues::U16(all), PixelValues::U16(v)) => {
+                    for (k, col) in v.chunks_exact(m).enumerate() {
+                        all[k * n..(k + 1) * n][range.clone()].copy_from_slice(col);
+                    }
+                }
+                (PixelValues::F32Bits(all), PixelValues::F32Bits(v)) => {
+                    for (k, col) in v.chunks_exact(m).enumerate() {
+                        all[k * n..(k + 1) * n][range.clone()].copy_from_slice(col);
+                    }
+                }
+                _ => unreachable!("one codec per file"),
+            }
+        }
+        Ok(PixelStreams {
+            pixels: pixels.to_vec(),
+            frames: n,
+            values,
+        })
+    }
+
+    fn check_pixels(&self, pixels: &[usize]) -> Result<()> {
+        let p_count = self.pixels();
+        match pixels.iter().find(|&&p| p >= p_count) {
+            Some(&p) => Err(QemError::OutOfRange {
+                what: "pixel",
+                index: p,
+                limit: p_count,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Decodes the streams of `pixels` within one block only: pixel-major,
+    /// [`BlockInfo::frames`] values per pixel (float: the joined lanes as
+    /// bits). Pixels may repeat; each must be `< pixels()`. Streams are
+    /// decoded in lockstep groups, in parallel.
+    pub fn decode_block_pixels(&self, block: usize, pixels: &[usize]) -> Result<PixelStreams> {
+        self.check_pixels(pixels)?;
+        let info = *self.block_info(block)?;
+        let c = info.chunk;
+        let chunk = &self.layout.chunks[c];
+        let table = self.stream_table(c)?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let m = info.frames;
+        let float = self.codec() == Codec::Float;
+        let spp = if float { 2 } else { 1 };
+        let u8_counts = self.stored_dtype() == Dtype::U8;
+        let fault = |(s, fault): (usize, StreamFault)| QemError::Stream {
+            site: StreamSite {
+                chunk: c,
+                stream: s,
+            },
+            fault,
+        };
+        // About 16 Ki decoded values per task.
+        let group = (16384 / (m * spp).max(1)).max(8);
+        let decode_group = |ps: &[usize], out: &mut [u16]| -> Result<()> {
+            let streams = ps
+                .iter()
+                .flat_map(|&p| (0..spp).map(move |lane| first + spp * p + lane));
+            table.decode_streams(streams, m, out).map_err(fault)?;
+            if u8_counts {
+                if let Some(j) = out.iter().position(|&v| v > 255) {
                     return Err(QemError::ValueRange {
                         site: StreamSite {
                             chunk: c,
-                            stream: s,
+                            stream: first + ps[j / m],
                         },
-                        value: v,
+                        value: out[j],
                         dtype: "uint8",
                     });
                 }
@@ -708,45 +758,31 @@ impl QemFile {
             Ok(())
         };
         let values = if float {
-            let mut bits = vec![0u32; len];
-            let results: Vec<Result<()>> = bits
-                .par_chunks_mut(n.max(1))
-                .zip(pixels.par_iter())
-                .map(|(dst, &p)| {
-                    let mut lanes = vec![0u16; 2 * INTERVAL];
-                    for info in &self.layout.blocks {
-                        let m = info.frames;
-                        let (lo, hi) = lanes[..2 * m].split_at_mut(m);
-                        decode_one(2 * p, info, lo)?;
-                        decode_one(2 * p + 1, info, hi)?;
-                        for (t, d) in dst[info.frame_range()].iter_mut().enumerate() {
-                            *d = u32::from(lo[t]) | (u32::from(hi[t]) << 16);
+            let mut bits = vec![0u32; pixels.len() * m];
+            bits.par_chunks_mut(group * m.max(1))
+                .zip(pixels.par_chunks(group))
+                .try_for_each(|(dst, ps)| -> Result<()> {
+                    let mut lanes = vec![0u16; 2 * dst.len()];
+                    decode_group(ps, &mut lanes)?;
+                    for (d, pair) in dst.chunks_exact_mut(m).zip(lanes.chunks_exact(2 * m)) {
+                        let (lo, hi) = pair.split_at(m);
+                        for ((d, &lo), &hi) in d.iter_mut().zip(lo).zip(hi) {
+                            *d = u32::from(lo) | (u32::from(hi) << 16);
                         }
                     }
                     Ok(())
-                })
-                .collect();
-            results.into_iter().collect::<Result<()>>()?;
+                })?;
             PixelValues::F32Bits(bits)
         } else {
-            let mut vals = vec![0u16; len];
-            let results: Vec<Result<()>> = vals
-                .par_chunks_mut(n.max(1))
-                .zip(pixels.par_iter())
-                .map(|(dst, &p)| {
-                    for info in &self.layout.blocks {
-                        let s = info.block_in_chunk * p_count + p;
-                        decode_one(s, info, &mut dst[info.frame_range()])?;
-                    }
-                    Ok(())
-                })
-                .collect();
-            results.into_iter().collect::<Result<()>>()?;
+            let mut vals = vec![0u16; pixels.len() * m];
+            vals.par_chunks_mut(group * m.max(1))
+                .zip(pixels.par_chunks(group))
+                .try_for_each(|(dst, ps)| decode_group(ps, dst))?;
             PixelValues::U16(vals)
         };
         Ok(PixelStreams {
             pixels: pixels.to_vec(),
-            frames: n,
+            frames: m,
             values,
         })
     }

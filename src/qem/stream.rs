@@ -131,14 +131,25 @@ impl<'a> StreamTable<'a> {
         m: usize,
         out: &mut [u16],
     ) -> Result<(), (usize, StreamFault)> {
+        self.decode_streams(first.., m, out)
+    }
+
+    /// Decodes the streams `streams` yields (as many as `out` has room for,
+    /// `m` values each) into `out`, stream-major, as
+    /// [`decode_range`](Self::decode_range) does for consecutive streams.
+    pub fn decode_streams(
+        &self,
+        streams: impl IntoIterator<Item = usize>,
+        m: usize,
+        out: &mut [u16],
+    ) -> Result<(), (usize, StreamFault)> {
         if m == 0 {
             return Ok(());
         }
         let simd = rans::simd_lanes();
         let lanes = if simd { LOCKSTEP } else { 4 };
         let mut pending: Vec<(usize, usize, &[u8], &mut [u16])> = Vec::with_capacity(LOCKSTEP);
-        for (j, col) in out.chunks_exact_mut(m).enumerate() {
-            let s = first + j;
+        for (s, col) in streams.into_iter().zip(out.chunks_exact_mut(m)) {
             let (sel, bytes) = self.stream(s);
             check_length(sel, bytes.len(), m, self.float).map_err(|f| (s, f))?;
             if sel < RANS_TABLES {

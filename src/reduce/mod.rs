@@ -4,10 +4,17 @@
 //! [`Accelerator`] is the seam between planning and computing: the CPU
 //! reference ([`Cpu`]) and the GPU backends of the `qemfs-gpu` crate
 //! implement it and must agree (integers exactly, floats within the
-//! documented tolerance).
+//! documented tolerance). [`Reducer`] plans the products for any backend;
+//! [`geometry`] builds masks and finds the bright-field disk.
 
 pub mod accelerator;
+mod cpu;
+pub mod geometry;
+mod kahan;
+mod products;
 
 pub use accelerator::{
     Accelerator, Moments, Partial, Pattern, PixelSet, ReduceError, Request, Values,
 };
+pub use cpu::Cpu;
+pub use products::{mean_subtracted, Full, MaxPattern, Reducer};

@@ -14,6 +14,7 @@
 pub mod content;
 mod qem_view;
 mod semq_view;
+mod virtual_dir;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;
@@ -25,6 +26,8 @@ use std::time::SystemTime;
 pub use content::Content;
 
 use crate::qem::QemFile;
+use crate::reduce::geometry::DetectorOptions;
+use crate::reduce::{Accelerator, Cpu};
 use crate::semq::Encoding;
 
 /// Why a path could not be served. Clone, so that every waiter of a
@@ -134,16 +137,32 @@ pub struct Attr {
 }
 
 /// Options of a tree.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TreeOptions {
     /// Byte budget of the decoded-block cache.
     pub cache_bytes: usize,
+    /// The backend of `virtual/` products.
+    pub accelerator: Arc<dyn Accelerator>,
+    /// Detector geometry given by the user; the rest is found per file.
+    pub detectors: DetectorOptions,
+}
+
+impl std::fmt::Debug for TreeOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TreeOptions")
+            .field("cache_bytes", &self.cache_bytes)
+            .field("accelerator", &self.accelerator.name())
+            .field("detectors", &self.detectors)
+            .finish()
+    }
 }
 
 impl Default for TreeOptions {
     fn default() -> Self {
         TreeOptions {
             cache_bytes: 1 << 30,
+            accelerator: Arc::new(Cpu),
+            detectors: DetectorOptions::default(),
         }
     }
 }
@@ -191,6 +210,8 @@ pub fn format_of(name: &str) -> Option<Format> {
 pub struct Tree {
     root: PathBuf,
     cache: Arc<BlockCache>,
+    accelerator: Arc<dyn Accelerator>,
+    detectors: DetectorOptions,
     opened: Mutex<HashMap<PathBuf, Opened>>,
     next_id: AtomicU64,
 }
@@ -200,6 +221,8 @@ impl Tree {
         Tree {
             root: root.as_ref().to_path_buf(),
             cache: Arc::new(BlockCache::new(options.cache_bytes)),
+            accelerator: Arc::clone(&options.accelerator),
+            detectors: options.detectors.clone(),
             opened: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         }
@@ -294,8 +317,15 @@ impl Tree {
             Format::Qem => QemFile::open(source)
                 .map_err(|e| e.to_string())
                 .and_then(|f| {
-                    qem_view::directory(id, source, f, Arc::clone(&self.cache))
-                        .map_err(|e| e.to_string())
+                    qem_view::directory(
+                        id,
+                        source,
+                        f,
+                        Arc::clone(&self.cache),
+                        Arc::clone(&self.accelerator),
+                        self.detectors.clone(),
+                    )
+                    .map_err(|e| e.to_string())
                 }),
             Format::Semq => Encoding::open(source)
                 .map_err(|e| e.to_string())

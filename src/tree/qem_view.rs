@@ -12,13 +12,15 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::export::png;
 use crate::export::tiff::{Sample, TiffLayout};
 use crate::npy::{self, DType};
 use crate::qem::checksum::{self, hex};
-use crate::qem::{Codec, Dtype, QemFile, Tile};
+use crate::qem::{Codec, Dtype, QemFile};
+use crate::reduce::geometry::DetectorOptions;
+use crate::reduce::Accelerator;
 
 use super::content::{copy_range, Bytes, Content, Lazy, Passthrough};
+use super::virtual_dir;
 use super::{BlockCache, BlockKey, Directory, Entry, StaticDir, TreeError};
 
 /// An opened `.qem` file shared by all of its nodes.
@@ -42,7 +44,11 @@ fn npy_dtype(d: Dtype) -> DType {
 }
 
 impl QemView {
-    fn decode_error(&self, e: impl std::fmt::Display) -> TreeError {
+    pub(super) fn file(&self) -> &QemFile {
+        &self.file
+    }
+
+    pub(super) fn decode_error(&self, e: impl std::fmt::Display) -> TreeError {
         TreeError::Decode {
             file: self.name.clone(),
             reason: e.to_string(),
@@ -309,33 +315,14 @@ impl Directory for FrameRowDir {
     }
 }
 
-/// Total valid counts per scan position from the 32×32 spatial sums
-/// (integer codec): exact, and no stream is decoded.
-fn scan_sums(file: &QemFile) -> Result<Vec<u64>, String> {
-    let [_, _, r, c] = file.shape();
-    let (gr, gc) = Tile::Px32.grid(r, c);
-    let tiles = gr * gc;
-    let sums = file
-        .spatial_sums(Tile::Px32, 0..file.frames())
-        .map_err(|e| e.to_string())?;
-    Ok(sums
-        .chunks(tiles.max(1))
-        .map(|t| t.iter().map(|&v| u64::from(v)).sum())
-        .collect())
-}
-
-fn npy_bytes(dtype: DType, shape: &[usize], data: &[u8]) -> Vec<u8> {
-    let mut out = npy::encode_header(dtype, shape);
-    out.extend_from_slice(data);
-    out
-}
-
 /// Builds the directory of an opened `.qem` file.
 pub fn directory(
     id: u64,
     source: &Path,
     file: QemFile,
     cache: Arc<BlockCache>,
+    accelerator: Arc<dyn Accelerator>,
+    detectors: DetectorOptions,
 ) -> Result<Arc<dyn Directory>, TreeError> {
     let name = source.display().to_string();
     let view = Arc::new(QemView {
@@ -428,50 +415,13 @@ pub fn directory(
     });
     entries.insert("frames".into(), Entry::Dir(Arc::new(frames)));
 
-    let mut virtual_entries = BTreeMap::new();
-    if file.codec() == Codec::Integer {
-        let scan = [shape[0], shape[1]];
-        let header_len = npy::encode_header(DType::U64, &scan).len() as u64;
-        let v = Arc::clone(&view);
-        let sums = Arc::new(std::sync::OnceLock::<Result<Vec<u64>, String>>::new());
-        let s1 = Arc::clone(&sums);
-        virtual_entries.insert(
-            "sum.npy".to_string(),
-            Entry::File(Arc::new(Lazy::new(
-                header_len + 8 * (scan[0] * scan[1]) as u64,
-                move || {
-                    let sums = s1
-                        .get_or_init(|| scan_sums(&v.file))
-                        .as_ref()
-                        .map_err(|e| v.decode_error(e))?;
-                    let data: Vec<u8> = sums.iter().flat_map(|s| s.to_le_bytes()).collect();
-                    Ok(npy_bytes(DType::U64, &scan, &data))
-                },
-            ))),
-        );
-        let v = Arc::clone(&view);
-        virtual_entries.insert(
-            "sum.png".to_string(),
-            Entry::File(Arc::new(Lazy::new(
-                png::png_len(scan[0] as u32, scan[1] as u32),
-                move || {
-                    let sums = sums
-                        .get_or_init(|| scan_sums(&v.file))
-                        .as_ref()
-                        .map_err(|e| v.decode_error(e))?;
-                    let values: Vec<f32> = sums.iter().map(|&s| s as f32).collect();
-                    Ok(png::encode_gray8(
-                        scan[0] as u32,
-                        scan[1] as u32,
-                        &png::auto_contrast(&values),
-                    ))
-                },
-            ))),
-        );
-    }
     entries.insert(
         "virtual".into(),
-        Entry::Dir(Arc::new(StaticDir::new(virtual_entries))),
+        Entry::Dir(virtual_dir::directory(
+            Arc::clone(&view),
+            accelerator,
+            detectors,
+        )),
     );
     let xattrs = vec![
         (

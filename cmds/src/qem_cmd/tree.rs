@@ -4,6 +4,7 @@ use std::io::Write;
 
 use qemfs::tree::{Node, Tree, TreeOptions};
 
+use crate::detector_args::DetectorArgs;
 use crate::exit::{Failure, OK};
 use crate::out::Stdout;
 use crate::qem_args::{CatArgs, LsArgs};
@@ -22,18 +23,20 @@ fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Fail
     Ok(node)
 }
 
-fn tree() -> Tree {
+fn tree(detectors: &DetectorArgs) -> Tree {
     // One command reads each block once; a small budget suffices.
     Tree::new(
         ".",
         &TreeOptions {
             cache_bytes: 256 << 20,
+            detectors: detectors.options(),
+            ..TreeOptions::default()
         },
     )
 }
 
 pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
-    let tree = tree();
+    let tree = tree(&args.detectors);
     let path = args.path.as_deref().unwrap_or("");
     let node = resolve(&tree, &args.file, path)?;
     let mut out = Stdout::new();
@@ -70,7 +73,7 @@ pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
 }
 
 pub fn cat(args: &CatArgs) -> Result<u8, Failure> {
-    let tree = tree();
+    let tree = tree(&args.detectors);
     let Node::File(content, _) = resolve(&tree, &args.file, &args.path)? else {
         return Err(Failure::file(
             &args.file,

@@ -1,0 +1,113 @@
+//! The detector-geometry flags shared by `qem ls`/`qem cat` and
+//! `qemfs mount` (one definition, so help, man pages and parsing agree).
+
+use clap::Args;
+use qemfs::reduce::geometry::DetectorOptions;
+
+/// Geometry of the `virtual/` detector images, in detector pixels. What is
+/// not given is found in the data (see `virtual/detectors.json`).
+#[derive(Debug, Clone, Default, Args)]
+pub struct DetectorArgs {
+    /// Centre of the bright-field disk, "ROW,COLUMN" (default: found)
+    #[arg(long, value_name = "ROW,COLUMN", value_parser = parse_pair)]
+    pub center: Option<[f64; 2]>,
+    /// Radius of the bright-field disk (default: found)
+    #[arg(long, value_name = "R", value_parser = parse_radius)]
+    pub bf_radius: Option<f64>,
+    /// Annular bright field "INNER,OUTER" (default: R/2,R)
+    #[arg(long, value_name = "INNER,OUTER", value_parser = parse_annulus)]
+    pub abf: Option<[f64; 2]>,
+    /// Annular dark field "INNER,OUTER" (default: 1.2R,min(3R,(1.2R+D)/2))
+    #[arg(long, value_name = "INNER,OUTER", value_parser = parse_annulus)]
+    pub adf: Option<[f64; 2]>,
+    /// High-angle annular dark field "INNER,OUTER" (default: the ADF outer radius to the farthest pixel)
+    #[arg(long, value_name = "INNER,OUTER", value_parser = parse_annulus)]
+    pub haadf: Option<[f64; 2]>,
+}
+
+impl DetectorArgs {
+    pub fn options(&self) -> DetectorOptions {
+        DetectorOptions {
+            center: self.center,
+            bf_radius: self.bf_radius,
+            abf: self.abf,
+            adf: self.adf,
+            haadf: self.haadf,
+        }
+    }
+
+    /// The flags again, for a re-executed daemon.
+    pub fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        let pair = |[a, b]: [f64; 2]| format!("{a},{b}");
+        if let Some(c) = self.center {
+            out.extend(["--center".into(), pair(c)]);
+        }
+        if let Some(r) = self.bf_radius {
+            out.extend(["--bf-radius".into(), r.to_string()]);
+        }
+        for (flag, v) in [
+            ("--abf", self.abf),
+            ("--adf", self.adf),
+            ("--haadf", self.haadf),
+        ] {
+            if let Some(v) = v {
+                out.extend([flag.to_string(), pair(v)]);
+            }
+        }
+        out
+    }
+}
+
+fn parse_radius(text: &str) -> Result<f64, String> {
+    let v: f64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not a number"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{text:?} must be a finite number >= 0"))
+    }
+}
+
+fn parse_pair(text: &str) -> Result<[f64; 2], String> {
+    let (a, b) = text
+        .split_once(',')
+        .ok_or_else(|| format!("{text:?} is not two numbers separated by a comma"))?;
+    Ok([parse_radius(a)?, parse_radius(b)?])
+}
+
+fn parse_annulus(text: &str) -> Result<[f64; 2], String> {
+    let [inner, outer] = parse_pair(text)?;
+    if inner > outer {
+        return Err(format!("{text:?}: the inner radius exceeds the outer"));
+    }
+    Ok([inner, outer])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_and_round_trip() {
+        assert_eq!(parse_pair("63.5, 64"), Ok([63.5, 64.0]));
+        assert!(parse_pair("1").is_err());
+        assert!(parse_pair("-1,2").is_err());
+        assert!(parse_radius("nan").is_err());
+        assert!(parse_radius("inf").is_err());
+        assert!(parse_annulus("5,4").is_err());
+        let args = DetectorArgs {
+            center: Some([1.5, 2.0]),
+            bf_radius: Some(3.25),
+            abf: None,
+            adf: Some([4.0, 9.0]),
+            haadf: None,
+        };
+        assert_eq!(
+            args.to_args(),
+            ["--center", "1.5,2", "--bf-radius", "3.25", "--adf", "4,9"]
+        );
+    }
+}

@@ -1,0 +1,422 @@
+//! The CPU reference implementation of [`Accelerator`].
+//!
+//! One block at a time: the streams the request needs are decoded (all of
+//! them for moments or a pattern, else only the masks' pixels), then
+//! reduced in parallel over fixed groups of pixels whose partial results
+//! are merged in pixel order, so float results do not depend on the number
+//! of threads.
+
+use std::ops::Range;
+
+use rayon::prelude::*;
+
+use super::accelerator::{Accelerator, Moments, Partial, Pattern, ReduceError, Request, Values};
+use super::kahan::Kahan;
+use crate::qem::{Codec, PixelValues, QemFile};
+
+/// Reductions on the CPU, in parallel with rayon.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+/// Pixels reduced by one task (fixed, for reproducible float sums).
+const GROUP: usize = 256;
+
+impl Accelerator for Cpu {
+    fn name(&self) -> &str {
+        "cpu"
+    }
+
+    fn reduce(
+        &self,
+        file: &QemFile,
+        blocks: Range<usize>,
+        request: &Request,
+    ) -> Result<Partial, ReduceError> {
+        let plan = Plan::new(file, &blocks, request)?;
+        if file.codec() == Codec::Float {
+            reduce_float(file, blocks, request, &plan)
+        } else {
+            reduce_exact(file, blocks, request, &plan)
+        }
+    }
+}
+
+/// What every block needs: the pixels to decode and, per decoded pixel,
+/// its coordinates and the masks it belongs to.
+struct Plan {
+    /// Valid pixels to decode, ascending.
+    pixels: Vec<usize>,
+    /// Per entry of `pixels`: bit `i` set when it belongs to mask `i`.
+    membership: Vec<u64>,
+    columns: usize,
+    frames: usize,
+}
+
+impl Plan {
+    fn new(file: &QemFile, blocks: &Range<usize>, request: &Request) -> Result<Self, ReduceError> {
+        let all = file.blocks();
+        if blocks.start > blocks.end || blocks.end > all.len() {
+            return Err(ReduceError::Unsupported(format!(
+                "blocks {}..{} outside the file's {} blocks",
+                blocks.start,
+                blocks.end,
+                all.len()
+            )));
+        }
+        if request.masks.len() > 64 {
+            return Err(ReduceError::Unsupported(
+                "at most 64 masks per request".into(),
+            ));
+        }
+        let p_count = file.pixels();
+        if let Some(bg) = &request.background {
+            if file.codec() != Codec::Float || bg.len() != p_count {
+                return Err(ReduceError::Unsupported(
+                    "a background plane needs the float codec and one value per detector pixel"
+                        .into(),
+                ));
+            }
+        }
+        for mask in &request.masks {
+            if let Some(&p) = mask.pixels().last() {
+                if p as usize >= p_count {
+                    return Err(ReduceError::Unsupported(format!(
+                        "mask pixel {p} outside the detector's {p_count} pixels"
+                    )));
+                }
+            }
+        }
+        let [_, _, _, columns] = file.shape();
+        // Exact moments must fit u64: Σ index · value over a frame.
+        if request.moments
+            && (p_count as u128) * 65535 * (file.shape()[2].max(columns) as u128) >= 1 << 64
+        {
+            return Err(ReduceError::Unsupported(
+                "detector too large for exact 64-bit moments".into(),
+            ));
+        }
+        let valid = |p: usize| file.valid_mask().is_none_or(|v| v.is_valid(p));
+        let mut membership = vec![0u64; p_count];
+        for (i, mask) in request.masks.iter().enumerate() {
+            for &p in mask.pixels() {
+                membership[p as usize] |= 1 << i;
+            }
+        }
+        let everything = request.moments || request.pattern;
+        let (pixels, membership): (Vec<usize>, Vec<u64>) = (0..p_count)
+            .filter(|&p| valid(p) && (everything || membership[p] != 0))
+            .map(|p| (p, membership[p]))
+            .unzip();
+        let frames = all[blocks.clone()].iter().map(|b| b.frames).sum();
+        Ok(Plan {
+            pixels,
+            membership,
+            columns,
+            frames,
+        })
+    }
+}
+
+/// Integer counts and scaled codes: exact u64 sums.
+fn reduce_exact(
+    file: &QemFile,
+    blocks: Range<usize>,
+    request: &Request,
+    plan: &Plan,
+) -> Result<Partial, ReduceError> {
+    let masks = request.masks.len();
+    let p_count = file.pixels();
+    let mut mask_sums = vec![Vec::with_capacity(plan.frames); masks];
+    let mut moments = [(); 3].map(|_| Vec::with_capacity(plan.frames));
+    let mut pattern_sum = vec![0u64; if request.pattern { p_count } else { 0 }];
+    let mut pattern_max = vec![0u64; pattern_sum.len()];
+    for b in blocks {
+        let m = file.blocks()[b].frames;
+        let decoded = file.decode_block_pixels(b, &plan.pixels)?;
+        let PixelValues::U16(values) = decoded.values else {
+            unreachable!("integer codecs decode to u16");
+        };
+        // Per group: mask sums, then total/row/column, each `m` per frame.
+        let parts: Vec<(Vec<u64>, Vec<u64>)> = values
+            .par_chunks(GROUP * m.max(1))
+            .zip(plan.pixels.par_chunks(GROUP))
+            .zip(plan.membership.par_chunks(GROUP))
+            .map(|((cols, pixels), member)| {
+                let mut sums = vec![0u64; masks * m];
+                let mut mom = vec![0u64; if request.moments { 3 * m } else { 0 }];
+                for ((col, &p), &bits) in cols.chunks_exact(m).zip(pixels).zip(member) {
+                    let mut bits = bits;
+                    while bits != 0 {
+                        let i = bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        for (s, &v) in sums[i * m..(i + 1) * m].iter_mut().zip(col) {
+                            *s += u64::from(v);
+                        }
+                    }
+                    if request.moments {
+                        let (r, c) = ((p / plan.columns) as u64, (p % plan.columns) as u64);
+                        let (total, rest) = mom.split_at_mut(m);
+                        let (row, column) = rest.split_at_mut(m);
+                        for (t, &v) in col.iter().enumerate() {
+                            let v = u64::from(v);
+                            total[t] += v;
+                            row[t] += r * v;
+                            column[t] += c * v;
+                        }
+                    }
+                }
+                (sums, mom)
+            })
+            .collect();
+        let mut sums = vec![0u64; masks * m];
+        let mut mom = vec![0u64; if request.moments { 3 * m } else { 0 }];
+        for (s, mo) in parts {
+            sums.iter_mut().zip(s).for_each(|(a, b)| *a += b);
+            mom.iter_mut().zip(mo).for_each(|(a, b)| *a += b);
+        }
+        for (i, acc) in mask_sums.iter_mut().enumerate() {
+            acc.extend_from_slice(&sums[i * m..(i + 1) * m]);
+        }
+        if request.moments {
+            for (k, acc) in moments.iter_mut().enumerate() {
+                acc.extend_from_slice(&mom[k * m..(k + 1) * m]);
+            }
+        }
+        if request.pattern {
+            // `plan.pixels` are the valid pixels; invalid ones stay 0.
+            for (col, &p) in values.chunks_exact(m.max(1)).zip(&plan.pixels) {
+                pattern_sum[p] += col.iter().map(|&v| u64::from(v)).sum::<u64>();
+                let max = u64::from(col.iter().copied().max().unwrap_or(0));
+                pattern_max[p] = pattern_max[p].max(max);
+            }
+        }
+    }
+    let [total, row, column] = moments;
+    Ok(Partial {
+        masks: mask_sums.into_iter().map(Values::Exact).collect(),
+        moments: request.moments.then_some(Moments {
+            total: Values::Exact(total),
+            row: Values::Exact(row),
+            column: Values::Exact(column),
+        }),
+        pattern: request.pattern.then_some(Pattern {
+            sum: Values::Exact(pattern_sum),
+            max: Values::Exact(pattern_max),
+        }),
+    })
+}
+
+/// Float32 measurements: compensated float32 sums, background subtracted
+/// per value first.
+fn reduce_float(
+    file: &QemFile,
+    blocks: Range<usize>,
+    request: &Request,
+    plan: &Plan,
+) -> Result<Partial, ReduceError> {
+    let masks = request.masks.len();
+    let p_count = file.pixels();
+    let mut mask_sums = vec![Vec::with_capacity(plan.frames); masks];
+    let mut moments = [(); 3].map(|_| Vec::with_capacity(plan.frames));
+    let mut pattern_sum = vec![Kahan::default(); if request.pattern { p_count } else { 0 }];
+    let mut pattern_max = vec![0f32; pattern_sum.len()];
+    let mut seen = vec![false; pattern_sum.len()];
+    let background = request.background.as_deref();
+    for b in blocks {
+        let m = file.blocks()[b].frames;
+        let decoded = file.decode_block_pixels(b, &plan.pixels)?;
+        let PixelValues::F32Bits(bits) = decoded.values else {
+            unreachable!("the float codec decodes to bits");
+        };
+        let value = |bits: u32, p: usize| {
+            let v = f32::from_bits(bits);
+            background.map_or(v, |bg| v - bg[p])
+        };
+        let parts: Vec<(Vec<Kahan>, Vec<Kahan>)> = bits
+            .par_chunks(GROUP * m.max(1))
+            .zip(plan.pixels.par_chunks(GROUP))
+            .zip(plan.membership.par_chunks(GROUP))
+            .map(|((cols, pixels), member)| {
+                let mut sums = vec![Kahan::default(); masks * m];
+                let mut mom = vec![Kahan::default(); if request.moments { 3 * m } else { 0 }];
+                for ((col, &p), &bits) in cols.chunks_exact(m).zip(pixels).zip(member) {
+                    let mut bits = bits;
+                    while bits != 0 {
+                        let i = bits.trailing_zeros() as usize;
+                        bits &= bits - 1;
+                        for (s, &v) in sums[i * m..(i + 1) * m].iter_mut().zip(col) {
+                            s.add(value(v, p));
+                        }
+                    }
+                    if request.moments {
+                        let (r, c) = ((p / plan.columns) as f32, (p % plan.columns) as f32);
+                        let (total, rest) = mom.split_at_mut(m);
+                        let (row, column) = rest.split_at_mut(m);
+                        for (t, &v) in col.iter().enumerate() {
+                            let v = value(v, p);
+                            total[t].add(v);
+                            row[t].add(r * v);
+                            column[t].add(c * v);
+                        }
+                    }
+                }
+                (sums, mom)
+            })
+            .collect();
+        let mut sums = vec![Kahan::default(); masks * m];
+        let mut mom = vec![Kahan::default(); if request.moments { 3 * m } else { 0 }];
+        for (s, mo) in parts {
+            sums.iter_mut().zip(s).for_each(|(a, b)| a.merge(b));
+            mom.iter_mut().zip(mo).for_each(|(a, b)| a.merge(b));
+        }
+        for (i, acc) in mask_sums.iter_mut().enumerate() {
+            acc.extend(sums[i * m..(i + 1) * m].iter().map(Kahan::value));
+        }
+        if request.moments {
+            for (k, acc) in moments.iter_mut().enumerate() {
+                acc.extend(mom[k * m..(k + 1) * m].iter().map(Kahan::value));
+            }
+        }
+        if request.pattern {
+            for (col, &p) in bits.chunks_exact(m.max(1)).zip(&plan.pixels) {
+                for &v in col {
+                    let v = value(v, p);
+                    pattern_sum[p].add(v);
+                    pattern_max[p] = nan_max(pattern_max[p], v, seen[p]);
+                    seen[p] = true;
+                }
+            }
+        }
+    }
+    let [total, row, column] = moments;
+    Ok(Partial {
+        masks: mask_sums.into_iter().map(Values::Float).collect(),
+        moments: request.moments.then_some(Moments {
+            total: Values::Float(total),
+            row: Values::Float(row),
+            column: Values::Float(column),
+        }),
+        pattern: request.pattern.then_some(Pattern {
+            sum: Values::Float(pattern_sum.iter().map(Kahan::value).collect()),
+            max: Values::Float(pattern_max),
+        }),
+    })
+}
+
+/// The maximum with NaN propagating; the first value seen replaces the
+/// initial 0 (a pattern of negative values keeps its maximum).
+fn nan_max(current: f32, v: f32, seen: bool) -> f32 {
+    if !seen || v.is_nan() || current.is_nan() {
+        if current.is_nan() && seen {
+            return current;
+        }
+        return v;
+    }
+    current.max(v)
+}
+
+/// Plain references for tests and other backends: products of `request`
+/// computed one value at a time from the dense decoded array.
+#[cfg(test)]
+pub(crate) fn dense_reference(file: &QemFile, request: &Request) -> (Vec<Vec<f64>>, Vec<f64>) {
+    let n = file.frames();
+    let p_count = file.pixels();
+    let mut dense = vec![0u8; file.dense_bytes().unwrap_or(0)];
+    file.read_all(&mut dense).expect("decodes");
+    let e = file.decoded_dtype().size();
+    let at = |f: usize, p: usize| -> f64 {
+        let o = (f * p_count + p) * e;
+        match file.codec() {
+            Codec::Integer if e == 1 => f64::from(dense[o]),
+            Codec::Integer => f64::from(u16::from_le_bytes([dense[o], dense[o + 1]])),
+            _ => f64::from(f32::from_le_bytes(dense[o..o + 4].try_into().unwrap())),
+        }
+    };
+    let valid = |p: usize| file.valid_mask().is_none_or(|v| v.is_valid(p));
+    let masks = request
+        .masks
+        .iter()
+        .map(|m| {
+            (0..n)
+                .map(|f| {
+                    m.pixels()
+                        .iter()
+                        .filter(|&&p| valid(p as usize))
+                        .map(|&p| at(f, p as usize))
+                        .sum()
+                })
+                .collect()
+        })
+        .collect();
+    let totals = (0..n)
+        .map(|f| (0..p_count).filter(|&p| valid(p)).map(|p| at(f, p)).sum())
+        .collect();
+    (masks, totals)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qem::write::{
+        encode_to_vec, scientific_metadata, Calibration, Content, CountDtype, WriteSpec,
+    };
+    use crate::reduce::PixelSet;
+
+    /// Sparse counts with some large values, chunks of 300 scans (so the
+    /// last block is partial), and every fifth pixel invalid.
+    fn counts_file(shape: [usize; 4], seed: u64) -> QemFile {
+        let [sr, sc, r, c] = shape;
+        let mut x = seed | 1;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let dense: Vec<u8> = (0..sr * sc * r * c)
+            .flat_map(|i| {
+                let v = next();
+                let v = if i % 7 == 0 { v % 3000 } else { v % 4 } as u16;
+                v.to_le_bytes()
+            })
+            .collect();
+        let shape = shape.map(|s| s as u64);
+        let mut spec = WriteSpec::counts(
+            shape,
+            CountDtype::U16,
+            scientific_metadata(shape, &Calibration::default()).unwrap(),
+        )
+        .with_chunk_scans(300);
+        if let Content::Counts { valid, .. } = &mut spec.content {
+            *valid = Some((0..r * c).map(|p| p % 5 != 3).collect());
+        }
+        QemFile::from_bytes(encode_to_vec(spec, &dense).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn exact_sums_equal_a_dense_reference() {
+        let file = counts_file([23, 29, 10, 13], 7);
+        let request = Request {
+            masks: vec![
+                PixelSet::new(vec![0, 5, 17, 129]),
+                PixelSet::new((0..130).collect()),
+                PixelSet::default(),
+            ],
+            moments: true,
+            pattern: true,
+            background: None,
+        };
+        let out = Cpu.reduce(&file, 0..file.blocks().len(), &request).unwrap();
+        let (masks, totals) = dense_reference(&file, &request);
+        for (got, want) in out.masks.iter().zip(&masks) {
+            let Values::Exact(got) = got else { panic!() };
+            let got: Vec<f64> = got.iter().map(|&v| v as f64).collect();
+            assert_eq!(&got, want);
+        }
+        let Values::Exact(total) = &out.moments.as_ref().unwrap().total else {
+            panic!()
+        };
+        let total: Vec<f64> = total.iter().map(|&v| v as f64).collect();
+        assert_eq!(total, totals);
+    }
+}

@@ -1,0 +1,622 @@
+//! The products a user sees, planned once for every backend: virtual
+//! images, centre of mass, mean and maximum patterns (spec §13).
+//!
+//! For integer counts a mask is split into whole 32×32 and 8×8 tiles, whose
+//! sums the spatial index already holds, and a residue of single pixels
+//! that are decoded. Where the mask's complement leaves a smaller residue
+//! (an annulus reaching the detector edge), the image is the frame total
+//! minus the complement. Both are exact.
+
+use std::ops::Range;
+
+use super::accelerator::{Accelerator, PixelSet, ReduceError, Request, Values};
+use crate::qem::{Codec, Dtype, QemFile, Region, Tile};
+
+/// Computes products of one file with one backend.
+pub struct Reducer<'a> {
+    file: &'a QemFile,
+    accelerator: &'a dyn Accelerator,
+    background: Option<Vec<f32>>,
+}
+
+/// The products that need every pixel of every frame.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Full {
+    /// Absolute centre of mass per frame, `[row, column]`; NaN where the
+    /// frame's total is 0 or not finite.
+    pub com: [Vec<f32>; 2],
+    pub mean_dp: Vec<f32>,
+    pub max_dp: MaxPattern,
+}
+
+/// The maximum pattern in the decoded dtype.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MaxPattern {
+    U8(Vec<u8>),
+    U16(Vec<u16>),
+    F32(Vec<f32>),
+}
+
+/// How one mask is computed from tiles and decoded pixels.
+struct TilePlan {
+    tiles32: Vec<usize>,
+    tiles8: Vec<usize>,
+    residue: PixelSet,
+    /// The image is the frame total minus this plan's sum.
+    complement: bool,
+}
+
+impl<'a> Reducer<'a> {
+    /// A reducer for `file`; reads the float codec's saved mean-dark plane,
+    /// which every product subtracts once.
+    pub fn new(file: &'a QemFile, accelerator: &'a dyn Accelerator) -> Result<Self, ReduceError> {
+        Ok(Reducer {
+            file,
+            accelerator,
+            background: background_plane(file)?,
+        })
+    }
+
+    pub fn accelerator(&self) -> &dyn Accelerator {
+        self.accelerator
+    }
+
+    /// Whether products subtract a saved background plane.
+    pub fn has_background(&self) -> bool {
+        self.background.is_some()
+    }
+
+    /// Whether detector pixel `p` is valid (invalid pixels read as 0).
+    pub fn is_valid(&self, p: usize) -> bool {
+        self.file.valid_mask().is_none_or(|v| v.is_valid(p))
+    }
+
+    /// `[rows, columns]` of the detector.
+    pub fn detector(&self) -> [usize; 2] {
+        let [_, _, r, c] = self.file.shape();
+        [r, c]
+    }
+
+    fn request(&self, masks: Vec<PixelSet>, moments: bool, pattern: bool) -> Request {
+        Request {
+            masks,
+            moments,
+            pattern,
+            background: self.background.clone(),
+        }
+    }
+
+    /// Virtual images: per mask, one float32 value per frame.
+    pub fn images(&self, masks: &[PixelSet]) -> Result<Vec<Vec<f32>>, ReduceError> {
+        let blocks = 0..self.file.blocks().len();
+        match self.file.codec() {
+            Codec::Integer => self.integer_images(masks),
+            Codec::Float => {
+                let out = self.accelerator.reduce(
+                    self.file,
+                    blocks,
+                    &self.request(masks.to_vec(), false, false),
+                )?;
+                out.masks
+                    .into_iter()
+                    .map(|v| match v {
+                        Values::Float(v) => Ok(v),
+                        Values::Exact(_) => Err(mismatch(self.accelerator)),
+                    })
+                    .collect()
+            }
+            Codec::Scaled => {
+                let out = self.accelerator.reduce(
+                    self.file,
+                    blocks,
+                    &self.request(masks.to_vec(), false, false),
+                )?;
+                let regions = self.regions()?;
+                out.masks
+                    .into_iter()
+                    .zip(masks)
+                    .map(|(v, mask)| {
+                        let Values::Exact(sums) = v else {
+                            return Err(mismatch(self.accelerator));
+                        };
+                        let n = mask.len() as u64;
+                        Ok(per_frame(regions, sums.len())
+                            .zip(sums)
+                            .map(|(region, s)| region.sum_value(s, n))
+                            .collect())
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    fn regions(&self) -> Result<&[Region], ReduceError> {
+        self.file
+            .calibration()
+            .map(|c| c.regions.as_slice())
+            .ok_or_else(|| ReduceError::Unsupported("scaled file without calibration".into()))
+    }
+
+    fn plan(&self, wanted: &[bool]) -> TilePlan {
+        let [_, _, rows, columns] = self.file.shape();
+        let mut covered = vec![false; wanted.len()];
+        let mut take = |tile: Tile| -> Vec<usize> {
+            let e = tile.edge();
+            let (gr, gc) = tile.grid(rows, columns);
+            let mut taken = Vec::new();
+            for i in 0..gr * gc {
+                let (r0, c0) = ((i / gc) * e, (i % gc) * e);
+                let pixels = (r0..(r0 + e).min(rows))
+                    .flat_map(|r| (c0..(c0 + e).min(columns)).map(move |c| r * columns + c));
+                let (mut any, mut all) = (false, true);
+                for p in pixels.clone() {
+                    if covered[p] {
+                        all = false;
+                        break;
+                    }
+                    if wanted[p] {
+                        any = true;
+                    } else if self.is_valid(p) {
+                        all = false;
+                        break;
+                    }
+                }
+                if any && all {
+                    pixels.for_each(|p| covered[p] = true);
+                    taken.push(i);
+                }
+            }
+            taken
+        };
+        let tiles32 = take(Tile::Px32);
+        let tiles8 = take(Tile::Px8);
+        let residue = (0..wanted.len())
+            .filter(|&p| wanted[p] && !covered[p])
+            .map(|p| p as u32)
+            .collect();
+        TilePlan {
+            tiles32,
+            tiles8,
+            residue: PixelSet::new(residue),
+            complement: false,
+        }
+    }
+
+    fn integer_images(&self, masks: &[PixelSet]) -> Result<Vec<Vec<f32>>, ReduceError> {
+        let p_count = self.file.pixels();
+        let plans: Vec<TilePlan> = masks
+            .iter()
+            .map(|mask| {
+                let bits = mask.bitmap(p_count);
+                let wanted: Vec<bool> = (0..p_count)
+                    .map(|p| bits[p] == 1 && self.is_valid(p))
+                    .collect();
+                let direct = self.plan(&wanted);
+                let others: Vec<bool> = (0..p_count)
+                    .map(|p| !wanted[p] && self.is_valid(p))
+                    .collect();
+                let mut complement = self.plan(&others);
+                complement.complement = true;
+                if complement.residue.len() < direct.residue.len() {
+                    complement
+                } else {
+                    direct
+                }
+            })
+            .collect();
+        let n = self.file.frames();
+        let residues: Vec<PixelSet> = plans.iter().map(|p| p.residue.clone()).collect();
+        let decoded = if residues.iter().all(PixelSet::is_empty) {
+            vec![vec![0u64; n]; masks.len()]
+        } else {
+            let out = self.accelerator.reduce(
+                self.file,
+                0..self.file.blocks().len(),
+                &self.request(residues, false, false),
+            )?;
+            out.masks
+                .into_iter()
+                .map(|v| match v {
+                    Values::Exact(v) if v.len() == n => Ok(v),
+                    _ => Err(mismatch(self.accelerator)),
+                })
+                .collect::<Result<_, _>>()?
+        };
+        let [_, _, rows, columns] = self.file.shape();
+        let tiles32 = {
+            let (a, b) = Tile::Px32.grid(rows, columns);
+            a * b
+        };
+        let tiles8 = {
+            let (a, b) = Tile::Px8.grid(rows, columns);
+            a * b
+        };
+        let need8 = plans.iter().any(|p| !p.tiles8.is_empty());
+        let mut images = vec![Vec::with_capacity(n); masks.len()];
+        for block in self.file.blocks() {
+            let frames: Range<usize> = block.frame_range();
+            let sums32 = self.file.spatial_sums(Tile::Px32, frames.clone())?;
+            let sums8 = if need8 {
+                self.file.spatial_sums(Tile::Px8, frames.clone())?
+            } else {
+                Vec::new()
+            };
+            for (k, f) in frames.enumerate() {
+                let s32 = &sums32[k * tiles32..(k + 1) * tiles32];
+                let total: u64 = s32.iter().map(|&v| u64::from(v)).sum();
+                for ((plan, image), residue) in plans.iter().zip(&mut images).zip(&decoded) {
+                    let mut part = residue[f];
+                    part += plan.tiles32.iter().map(|&t| u64::from(s32[t])).sum::<u64>();
+                    if !plan.tiles8.is_empty() {
+                        let s8 = &sums8[k * tiles8..(k + 1) * tiles8];
+                        part += plan.tiles8.iter().map(|&t| u64::from(s8[t])).sum::<u64>();
+                    }
+                    let value = if plan.complement {
+                        total.checked_sub(part).ok_or_else(|| {
+                            ReduceError::Unsupported(format!(
+                                "frame {f}: the spatial index total is below the sum of its parts"
+                            ))
+                        })?
+                    } else {
+                        part
+                    };
+                    image.push(value as f32);
+                }
+            }
+        }
+        Ok(images)
+    }
+
+    /// The mean pattern (background subtracted) over up to `max_blocks`
+    /// blocks spread evenly through the file, and the frames it covers.
+    pub fn sample_pattern(&self, max_blocks: usize) -> Result<(Vec<f64>, usize), ReduceError> {
+        let count = self.file.blocks().len();
+        let take = max_blocks.clamp(1, count.max(1)).min(count);
+        let mut chosen: Vec<usize> = (0..take).map(|i| i * count / take).collect();
+        chosen.dedup();
+        let mut sum = vec![0f64; self.file.pixels()];
+        let mut frames = 0;
+        for b in chosen {
+            let block = &self.file.blocks()[b];
+            frames += block.frames;
+            let out = self.accelerator.reduce(
+                self.file,
+                b..b + 1,
+                &self.request(Vec::new(), false, true),
+            )?;
+            let pattern = out.pattern.ok_or_else(|| mismatch(self.accelerator))?;
+            let region = match self.file.codec() {
+                Codec::Scaled => Some(region_of(self.regions()?, block.first_frame)?),
+                _ => None,
+            };
+            match pattern.sum {
+                Values::Exact(v) if v.len() == sum.len() => {
+                    for (s, v) in sum.iter_mut().zip(v) {
+                        *s += match region {
+                            Some(r) => r.scale * v as f64 + r.offset * block.frames as f64,
+                            None => v as f64,
+                        };
+                    }
+                }
+                Values::Float(v) if v.len() == sum.len() => {
+                    sum.iter_mut().zip(v).for_each(|(s, v)| *s += f64::from(v));
+                }
+                _ => return Err(mismatch(self.accelerator)),
+            }
+        }
+        if frames > 0 {
+            sum.iter_mut().for_each(|s| *s /= frames as f64);
+        }
+        Ok((sum, frames))
+    }
+
+    /// Centre of mass, mean and maximum pattern: one pass over every block
+    /// (per calibration region for scaled codes).
+    pub fn full(&self) -> Result<Full, ReduceError> {
+        let file = self.file;
+        let n = file.frames();
+        let p_count = file.pixels();
+        let [_, _, _, columns] = file.shape();
+        let all = 0..file.blocks().len();
+        let request = self.request(Vec::new(), true, true);
+        match file.codec() {
+            Codec::Integer => {
+                let out = self.accelerator.reduce(file, all, &request)?;
+                let (Some(moments), Some(pattern)) = (out.moments, out.pattern) else {
+                    return Err(mismatch(self.accelerator));
+                };
+                let (
+                    Values::Exact(total),
+                    Values::Exact(row),
+                    Values::Exact(column),
+                    Values::Exact(sum),
+                    Values::Exact(max),
+                ) = (
+                    moments.total,
+                    moments.row,
+                    moments.column,
+                    pattern.sum,
+                    pattern.max,
+                )
+                else {
+                    return Err(mismatch(self.accelerator));
+                };
+                check_lengths(self.accelerator, &[(&total, n), (&sum, p_count)])?;
+                let com = |m: &[u64]| -> Vec<f32> {
+                    m.iter()
+                        .zip(&total)
+                        .map(|(&m, &t)| {
+                            if t == 0 {
+                                f32::NAN
+                            } else {
+                                (m as f64 / t as f64) as f32
+                            }
+                        })
+                        .collect()
+                };
+                let max_dp = match file.decoded_dtype() {
+                    Dtype::U8 => MaxPattern::U8(max.iter().map(|&v| v.min(255) as u8).collect()),
+                    _ => MaxPattern::U16(max.iter().map(|&v| v.min(65535) as u16).collect()),
+                };
+                Ok(Full {
+                    com: [com(&row), com(&column)],
+                    mean_dp: sum.iter().map(|&s| (s as f64 / n as f64) as f32).collect(),
+                    max_dp,
+                })
+            }
+            Codec::Float => {
+                let out = self.accelerator.reduce(file, all, &request)?;
+                let (Some(moments), Some(pattern)) = (out.moments, out.pattern) else {
+                    return Err(mismatch(self.accelerator));
+                };
+                let (
+                    Values::Float(total),
+                    Values::Float(row),
+                    Values::Float(column),
+                    Values::Float(sum),
+                    Values::Float(max),
+                ) = (
+                    moments.total,
+                    moments.row,
+                    moments.column,
+                    pattern.sum,
+                    pattern.max,
+                )
+                else {
+                    return Err(mismatch(self.accelerator));
+                };
+                check_lengths(self.accelerator, &[(&total, n), (&sum, p_count)])?;
+                let com = |m: &[f32]| -> Vec<f32> {
+                    m.iter()
+                        .zip(&total)
+                        .map(|(&m, &t)| {
+                            if t == 0.0 || !t.is_finite() || !m.is_finite() {
+                                f32::NAN
+                            } else {
+                                m / t
+                            }
+                        })
+                        .collect()
+                };
+                Ok(Full {
+                    com: [com(&row), com(&column)],
+                    mean_dp: sum
+                        .iter()
+                        .map(|&s| (f64::from(s) / n as f64) as f32)
+                        .collect(),
+                    max_dp: MaxPattern::F32(max),
+                })
+            }
+            Codec::Scaled => self.scaled_full(columns),
+        }
+    }
+
+    /// Scaled codes: exact code moments and sums per calibration region,
+    /// calibrated once (`value = scale · code + offset` summed over pixels
+    /// or frames is `scale · Σcode + offset · count`).
+    fn scaled_full(&self, columns: usize) -> Result<Full, ReduceError> {
+        let file = self.file;
+        let n = file.frames();
+        let p_count = file.pixels();
+        let sum_rows: f64 = (0..p_count).map(|p| (p / columns) as f64).sum();
+        let sum_columns: f64 = (0..p_count).map(|p| (p % columns) as f64).sum();
+        let mut com = [Vec::with_capacity(n), Vec::with_capacity(n)];
+        let mut mean = vec![0f64; p_count];
+        let mut max = vec![f32::NEG_INFINITY; p_count];
+        for region in self.regions()? {
+            let blocks = blocks_of(file, region.first_frame..region.stop_frame);
+            if blocks.is_empty() {
+                continue;
+            }
+            let out =
+                self.accelerator
+                    .reduce(file, blocks, &self.request(Vec::new(), true, true))?;
+            let (Some(moments), Some(pattern)) = (out.moments, out.pattern) else {
+                return Err(mismatch(self.accelerator));
+            };
+            let (
+                Values::Exact(total),
+                Values::Exact(row),
+                Values::Exact(column),
+                Values::Exact(sum),
+                Values::Exact(top),
+            ) = (
+                moments.total,
+                moments.row,
+                moments.column,
+                pattern.sum,
+                pattern.max,
+            )
+            else {
+                return Err(mismatch(self.accelerator));
+            };
+            let m = region.stop_frame - region.first_frame;
+            check_lengths(self.accelerator, &[(&total, m), (&sum, p_count)])?;
+            let (s, o) = (region.scale, region.offset);
+            for k in 0..m {
+                let t = s * total[k] as f64 + o * p_count as f64;
+                let c = |moment: u64, index_sum: f64| {
+                    if t == 0.0 || !t.is_finite() {
+                        f32::NAN
+                    } else {
+                        ((s * moment as f64 + o * index_sum) / t) as f32
+                    }
+                };
+                com[0].push(c(row[k], sum_rows));
+                com[1].push(c(column[k], sum_columns));
+            }
+            for q in 0..p_count {
+                mean[q] += s * sum[q] as f64 + o * m as f64;
+                max[q] = max[q].max(region.value(top[q].min(65535) as u16));
+            }
+        }
+        Ok(Full {
+            com,
+            mean_dp: mean.iter().map(|&v| (v / n as f64) as f32).collect(),
+            max_dp: MaxPattern::F32(max),
+        })
+    }
+}
+
+/// Subtracts the mean of the finite values (in binary64, rounded once):
+/// the DPC convention for centre-of-mass images. NaN stays NaN.
+pub fn mean_subtracted(values: &[f32]) -> Vec<f32> {
+    let finite: Vec<f64> = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .map(|&v| f64::from(v))
+        .collect();
+    if finite.is_empty() {
+        return values.to_vec();
+    }
+    let mean = finite.iter().sum::<f64>() / finite.len() as f64;
+    values
+        .iter()
+        .map(|&v| (f64::from(v) - mean) as f32)
+        .collect()
+}
+
+fn mismatch(accelerator: &dyn Accelerator) -> ReduceError {
+    ReduceError::Backend {
+        backend: "reduce",
+        reason: format!(
+            "the {} backend returned results of the wrong kind or length",
+            accelerator.name()
+        ),
+    }
+}
+
+fn check_lengths<T>(
+    accelerator: &dyn Accelerator,
+    pairs: &[(&Vec<T>, usize)],
+) -> Result<(), ReduceError> {
+    if pairs.iter().all(|(v, n)| v.len() == *n) {
+        Ok(())
+    } else {
+        Err(mismatch(accelerator))
+    }
+}
+
+/// The regions of consecutive frames, one per frame.
+fn per_frame(regions: &[Region], frames: usize) -> impl Iterator<Item = &Region> {
+    regions
+        .iter()
+        .flat_map(|r| std::iter::repeat_n(r, r.stop_frame - r.first_frame))
+        .take(frames)
+}
+
+fn region_of(regions: &[Region], frame: usize) -> Result<&Region, ReduceError> {
+    regions
+        .iter()
+        .find(|r| r.first_frame <= frame && frame < r.stop_frame)
+        .ok_or_else(|| ReduceError::Unsupported(format!("frame {frame} is in no region")))
+}
+
+/// The blocks whose frames lie in `frames` (regions hold whole chunks).
+fn blocks_of(file: &QemFile, frames: Range<usize>) -> Range<usize> {
+    let blocks = file.blocks();
+    let first = blocks.partition_point(|b| b.first_frame < frames.start);
+    let end = blocks.partition_point(|b| b.first_frame < frames.end);
+    first..end
+}
+
+/// The float codec's saved mean-dark plane (`empad.background`), if any.
+fn background_plane(file: &QemFile) -> Result<Option<Vec<f32>>, ReduceError> {
+    if file.codec() != Codec::Float {
+        return Ok(None);
+    }
+    let Some(recipe) = file
+        .header()
+        .raw
+        .get("empad")
+        .and_then(|e| e.get("background"))
+    else {
+        return Ok(None);
+    };
+    let bad = |why: &str| ReduceError::Unsupported(format!("empad.background: {why}"));
+    let text = recipe
+        .get("values_float32_le")
+        .and_then(|v| v.as_str())
+        .ok_or_else(|| bad("values_float32_le is missing or not a string"))?;
+    use base64::Engine;
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| bad(&format!("values_float32_le is not base64: {e}")))?;
+    if bytes.len() != 4 * file.pixels() {
+        return Err(bad(&format!(
+            "the plane has {} bytes, the detector needs {}",
+            bytes.len(),
+            4 * file.pixels()
+        )));
+    }
+    Ok(Some(
+        bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qem::write::{
+        encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec,
+    };
+    use crate::reduce::geometry::{mask, Shape};
+    use crate::reduce::Cpu;
+
+    #[test]
+    fn counts_use_whole_tiles_and_complements() {
+        let shape = [1u64, 2, 64, 64];
+        let spec = WriteSpec::counts(
+            shape,
+            CountDtype::U8,
+            scientific_metadata(shape, &Calibration::default()).unwrap(),
+        );
+        let file = QemFile::from_bytes(encode_to_vec(spec, &[1u8; 2 * 4096]).unwrap()).unwrap();
+        let reducer = Reducer::new(&file, &Cpu).unwrap();
+        let wanted = |set: &PixelSet| {
+            let bits = set.bitmap(4096);
+            bits.iter().map(|&b| b == 1).collect::<Vec<bool>>()
+        };
+        let disk = mask([64, 64], [31.5, 31.5], Shape::Disk { radius: 30.0 });
+        let plan = reducer.plan(&wanted(&disk));
+        assert!(plan.tiles32.is_empty() && plan.tiles8.len() > 20);
+        assert!(plan.residue.len() < disk.len() / 2);
+        let everything = PixelSet::new((0..4096).collect());
+        let plan = reducer.plan(&wanted(&everything));
+        assert_eq!((plan.tiles32.len(), plan.residue.len()), (4, 0));
+        let ring = mask(
+            [64, 64],
+            [31.5, 31.5],
+            Shape::Annulus {
+                inner: 3.0,
+                outer: 99.0,
+            },
+        );
+        let images = reducer.images(&[ring.clone(), disk.clone()]).unwrap();
+        assert_eq!(images[0], vec![ring.len() as f32; 2]);
+        assert_eq!(images[1], vec![disk.len() as f32; 2]);
+    }
+}
