@@ -46,7 +46,7 @@ typedef unsigned int u32;
 #define STATE_UPPER 0x80000000u
 
 struct DecodeParams {
-    u32 streams, m, byte_base, u8_limit, block, stream0, pad0, pad1;
+    u32 streams, m, byte_base, u8_limit, block, pass_index, pad0, pad1;
 };
 
 struct ReduceParams {
@@ -64,16 +64,17 @@ QEM_DEVICE u32 word_at(const u32 *payload, u32 i) {
     return byte_at(payload, i) | (byte_at(payload, i + 1u) << 8);
 }
 
-// faults: [count, records of 5 words]
+// faults: [count, records of 6 words: block, pass, stream in pass, code, a, b]
 QEM_DEVICE void fault(u32 *faults, const DecodeParams &dp, u32 j, u32 code, u32 a, u32 b) {
     u32 k = (u32)ATOMIC_ADD(&faults[0], 1u);
     if (k < MAX_FAULTS) {
-        u32 *r = faults + 1 + 5u * k;
+        u32 *r = faults + 1 + 6u * k;
         r[0] = dp.block;
-        r[1] = dp.stream0 + j;
-        r[2] = code;
-        r[3] = a;
-        r[4] = b;
+        r[1] = dp.pass_index;
+        r[2] = j;
+        r[3] = code;
+        r[4] = a;
+        r[5] = b;
     }
 }
 
@@ -165,9 +166,9 @@ QEM_DEVICE bool is_nan_bits(u32 b) { return (b & 0x7fffffffu) > 0x7f800000u; }
 QEM_DEVICE bool is_finite_bits(u32 b) { return (b & 0x7f800000u) != 0x7f800000u; }
 QEM_DEVICE u32 order_key(u32 b) { return (b & 0x80000000u) != 0u ? ~b : (b | 0x80000000u); }
 
+// Slot `jl` (pixel `p`) at frame `t`, background subtracted.
 QEM_DEVICE float float_value(const ReduceParams &rp, const u32 *scratch, const float *background,
-                             u32 p, u32 t) {
-    u32 jl = p - rp.pixel0;
+                             u32 jl, u32 p, u32 t) {
     u32 bits = scratch[2u * jl * rp.m + t] | (scratch[(2u * jl + 1u) * rp.m + t] << 16);
     float f = as_float(bits);
     if (rp.background != 0u) f = f - background[p];
@@ -192,7 +193,8 @@ QEM_DEVICE void kahan(float &s, float &c, float x, float one) {
 }
 
 extern "C" QEM_GLOBAL void segments(ReduceParams rp, const u32 *scratch, const u32 *lists,
-                                    const u32 *descs, u32 *partials, const float *background) {
+                                    const u32 *descs, u32 *partials, const float *background,
+                                    const u32 *pass_pixels) {
     u32 t = CTAID_X * NTID_X + TID_X;
     u32 seg = CTAID_Y;
     u32 prod = CTAID_Z;
@@ -205,8 +207,9 @@ extern "C" QEM_GLOBAL void segments(ReduceParams rp, const u32 *scratch, const u
     if (rp.float_lanes != 0u) {
         float s = 0.0f, c = 0.0f;
         for (u32 k = a; k < b; k++) {
-            u32 p = lists[start + k];
-            float v = float_value(rp, scratch, background, p, t);
+            u32 jl = lists[start + k];
+            u32 p = pass_pixels[rp.pixel0 + jl];
+            float v = float_value(rp, scratch, background, jl, p, t);
             kahan(s, c, mode == 0u ? v : (float)weight(rp, mode, p) * v, rp.one);
         }
         partials[dst] = as_bits(s);
@@ -214,8 +217,9 @@ extern "C" QEM_GLOBAL void segments(ReduceParams rp, const u32 *scratch, const u
     } else {
         unsigned long long s = 0ull;
         for (u32 k = a; k < b; k++) {
-            u32 p = lists[start + k];
-            s += (unsigned long long)scratch[(p - rp.pixel0) * rp.m + t] * weight(rp, mode, p);
+            u32 jl = lists[start + k];
+            u32 p = pass_pixels[rp.pixel0 + jl];
+            s += (unsigned long long)scratch[jl * rp.m + t] * weight(rp, mode, p);
         }
         partials[dst] = (u32)s;
         partials[dst + 1u] = (u32)(s >> 32);
@@ -248,16 +252,16 @@ extern "C" QEM_GLOBAL void combine(ReduceParams rp, const u32 *partials, u32 *ac
 }
 
 extern "C" QEM_GLOBAL void pattern(ReduceParams rp, const u32 *scratch, const float *background,
-                                   u32 *pattern_sum, u32 *pattern_max) {
+                                   u32 *pattern_sum, u32 *pattern_max, const u32 *pass_pixels) {
     u32 jl = CTAID_X * NTID_X + TID_X;
     if (jl >= rp.width) return;
-    u32 p = rp.pixel0 + jl;
+    u32 p = pass_pixels[rp.pixel0 + jl];
     if (rp.float_lanes != 0u) {
         float s = as_float(pattern_sum[2u * p]), c = as_float(pattern_sum[2u * p + 1u]);
         u32 top = pattern_max[2u * p];
         u32 any_nan = pattern_max[2u * p + 1u];
         for (u32 t = 0; t < rp.m; t++) {
-            float v = float_value(rp, scratch, background, p, t);
+            float v = float_value(rp, scratch, background, jl, p, t);
             u32 bits = as_bits(v);
             if (is_nan_bits(bits)) any_nan = 1u;
             else if (order_key(bits) > order_key(top)) top = bits;

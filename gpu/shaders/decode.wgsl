@@ -1,7 +1,7 @@
 // Count-stream decoding (spec §7): one invocation decodes one stream of the
 // pass into `scratch`, stream-major (`m` values per stream, one u32 each),
 // exactly as src/qem/stream.rs and src/qem/rans.rs do on the CPU. A stream
-// that cannot be decoded appends a fault record (block, stream, code, a, b)
+// that cannot be decoded appends a fault record (block, pass, stream, code, a, b)
 // that the host turns into the same QemError the CPU decoder reports; the
 // values it leaves in `scratch` are never used.
 
@@ -14,10 +14,9 @@ struct DecodeParams {
     byte_base: u32,
     // 1 for uint8 files: a value above 255 is a fault.
     u8_limit: u32,
-    // Global block index, for fault records.
+    // Global block index and pass index in its plan, for fault records.
     block: u32,
-    // Block-relative index of the pass's first stream, for fault records.
-    stream0: u32,
+    pass_index: u32,
     pad0: u32,
     pad1: u32,
 }
@@ -36,7 +35,8 @@ const FAULT_VALUE_RANGE: u32 = 8u;
 
 struct Faults {
     count: atomic<u32>,
-    records: array<u32, 320>,
+    // (block, pass, stream in pass, code, a, b) per record.
+    records: array<u32, 384>,
 }
 
 @group(0) @binding(0) var<uniform> dp: DecodeParams;
@@ -64,12 +64,13 @@ fn word_at(i: u32) -> u32 {
 fn fault(j: u32, code: u32, a: u32, b: u32) {
     let k = atomicAdd(&faults.count, 1u);
     if (k < MAX_FAULTS) {
-        let r = 5u * k;
+        let r = 6u * k;
         faults.records[r] = dp.block;
-        faults.records[r + 1u] = dp.stream0 + j;
-        faults.records[r + 2u] = code;
-        faults.records[r + 3u] = a;
-        faults.records[r + 4u] = b;
+        faults.records[r + 1u] = dp.pass_index;
+        faults.records[r + 2u] = j;
+        faults.records[r + 3u] = code;
+        faults.records[r + 4u] = a;
+        faults.records[r + 5u] = b;
     }
 }
 

@@ -12,7 +12,8 @@
 
 struct ReduceParams {
     m: u32,
-    // First pixel of the pass and pixels in it.
+    // The pass's pixels: pass_pixels[pixel0 .. pixel0 + width]; scratch
+    // slot jl holds pixel pass_pixels[pixel0 + jl].
     pixel0: u32,
     width: u32,
     // Detector columns (for row/column weights).
@@ -40,7 +41,7 @@ struct ReduceParams {
 
 @group(0) @binding(0) var<uniform> rp: ReduceParams;
 @group(0) @binding(1) var<storage, read> scratch: array<u32>;
-// Pixel indices (global), grouped per product.
+// Scratch slots, grouped per product.
 @group(0) @binding(2) var<storage, read> lists: array<u32>;
 // Per pass and product: list start, count, weight (0: 1, 1: row, 2: column).
 @group(0) @binding(3) var<storage, read> descs: array<u32>;
@@ -51,6 +52,8 @@ struct ReduceParams {
 @group(0) @binding(7) var<storage, read_write> pattern_sum: array<u32>;
 // Per pixel: integer maximum, or (float maximum bits, any-NaN flag).
 @group(0) @binding(8) var<storage, read_write> pattern_max: array<u32>;
+// The decoded pixels, pass after pass.
+@group(0) @binding(9) var<storage, read> pass_pixels: array<u32>;
 
 fn is_nan_bits(b: u32) -> bool {
     return (b & 0x7fffffffu) > 0x7f800000u;
@@ -73,9 +76,8 @@ fn code(jl: u32, t: u32) -> u32 {
     return scratch[jl * rp.m + t];
 }
 
-// The float32 value (background subtracted) of pixel `p` at frame `t`.
-fn float_value(p: u32, t: u32) -> f32 {
-    let jl = p - rp.pixel0;
+// The float32 value (background subtracted) of slot `jl`, pixel `p`, at frame `t`.
+fn float_value(jl: u32, p: u32, t: u32) -> f32 {
     let bits = scratch[2u * jl * rp.m + t] | (scratch[(2u * jl + 1u) * rp.m + t] << 16u);
     var f = bitcast<f32>(bits);
     if (rp.background != 0u) {
@@ -150,8 +152,9 @@ fn segments(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (rp.float_lanes != 0u) {
         var s = vec2<f32>(0.0, 0.0);
         for (var k = a; k < b; k++) {
-            let p = lists[start + k];
-            let v = float_value(p, t);
+            let jl = lists[start + k];
+            let p = pass_pixels[rp.pixel0 + jl];
+            let v = float_value(jl, p, t);
             if (mode == 0u) {
                 s = kahan(s, v);
             } else {
@@ -163,8 +166,9 @@ fn segments(@builtin(global_invocation_id) gid: vec3<u32>) {
     } else {
         var s = vec2<u32>(0u, 0u);
         for (var k = a; k < b; k++) {
-            let p = lists[start + k];
-            let v = code(p - rp.pixel0, t);
+            let jl = lists[start + k];
+            let p = pass_pixels[rp.pixel0 + jl];
+            let v = code(jl, t);
             s = add_product(s, v, weight(mode, p));
         }
         partials[dst] = s.x;
@@ -209,13 +213,13 @@ fn pattern(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (jl >= rp.width) {
         return;
     }
-    let p = rp.pixel0 + jl;
+    let p = pass_pixels[rp.pixel0 + jl];
     if (rp.float_lanes != 0u) {
         var s = vec2<f32>(bitcast<f32>(pattern_sum[2u * p]), bitcast<f32>(pattern_sum[2u * p + 1u]));
         var top = pattern_max[2u * p];
         var any_nan = pattern_max[2u * p + 1u];
         for (var t = 0u; t < rp.m; t++) {
-            let v = float_value(p, t);
+            let v = float_value(jl, p, t);
             let bits = bitcast<u32>(v);
             if (is_nan_bits(bits)) {
                 any_nan = 1u;

@@ -19,7 +19,10 @@ use cudarc::nvrtc::Ptx;
 use qemfs::qem::{rans, tables, QemFile, RawBlockStreams};
 use qemfs::reduce::{Accelerator, Partial, ReduceError, Request};
 
-use crate::plan::{self, Call, DecodeParams, Gathered, PassUpload, ReduceParams, MAX_FAULTS};
+use crate::plan::{
+    self, Call, DecodeParams, Gathered, PassUpload, Plan, ReduceParams, FAULT_RECORD_WORDS,
+    MAX_FAULTS,
+};
 use crate::{BlockDecoder, BlockValues};
 
 const NAME: &str = "cuda";
@@ -145,20 +148,18 @@ impl Cuda {
         Ok(out)
     }
 
-    fn run(
-        &self,
-        file: &QemFile,
-        blocks: Range<usize>,
-        request: &Request,
-    ) -> Result<Partial, ReduceError> {
-        let call = Call::new(file, blocks, request)?;
+    /// Runs a planned call: decodes its blocks' needed streams pass by
+    /// pass and reduces them as `request` asks.
+    fn run(&self, file: &QemFile, call: &Call, request: &Request) -> Result<Partial, ReduceError> {
         let n_prod = call.products.count() as u32;
         let p_count = file.pixels();
-        let mut decoder = Decoder::new(self, &call)?;
+        let mut decoder = Decoder::new(self, call)?;
         let mut lists = self.zeros(call.lists.len())?;
         self.upload(&mut lists, &call.lists)?;
         let mut descs = self.zeros(call.descs.len())?;
         self.upload(&mut descs, &call.descs)?;
+        let mut pass_pixels = self.zeros(call.products.needed.len())?;
+        self.upload(&mut pass_pixels, &call.products.needed)?;
         let mut partials = self.zeros(call.partial_bytes as usize / 4)?;
         let acc_words = call.acc_bytes() as usize / 4;
         let mut acc = self.zeros(acc_words)?;
@@ -171,9 +172,9 @@ impl Cuda {
         let mut pattern_sum = self.zeros(pattern_words)?;
         let mut pattern_max = self.zeros(pattern_words)?;
         if request.pattern {
-            self.upload(&mut pattern_max, &plan::pattern_max_init(&call, p_count))?;
+            self.upload(&mut pattern_max, &plan::pattern_max_init(call, p_count))?;
         }
-        let mut gathered = Gathered::new(&call);
+        let mut gathered = Gathered::new(call);
         for batch in &call.batches {
             let batch_frames: usize = file.blocks()[batch.clone()].iter().map(|b| b.frames).sum();
             self.stream.memset_zeros(&mut acc).map_err(backend)?;
@@ -181,8 +182,9 @@ impl Cuda {
             for b in batch.clone() {
                 let raw = file.raw_block_streams(b)?;
                 let m = raw.frames;
-                for (q, pass) in call.plans[&m].passes.iter().enumerate() {
-                    decoder.run(self, &call, &raw, pass.pixels.clone())?;
+                let plan = &call.plans[&m];
+                for q in 0..plan.passes.len() {
+                    decoder.run(self, call, &raw, plan, q)?;
                     let params = ReduceArg(call.reduce_params(
                         m,
                         q,
@@ -204,6 +206,7 @@ impl Cuda {
                                 .arg(&descs)
                                 .arg(&mut partials)
                                 .arg(&background)
+                                .arg(&pass_pixels)
                                 .launch(cfg)
                         }
                         .map_err(backend)?;
@@ -228,6 +231,7 @@ impl Cuda {
                                 .arg(&background)
                                 .arg(&mut pattern_sum)
                                 .arg(&mut pattern_max)
+                                .arg(&pass_pixels)
                                 .launch(grid((params.0.width.div_ceil(THREADS), 1, 1)))
                         }
                         .map_err(backend)?;
@@ -235,7 +239,7 @@ impl Cuda {
                 }
                 frame0 += m;
             }
-            decoder.check_faults(self, file)?;
+            decoder.check_faults(self, file, call)?;
             if n_prod > 0 {
                 let words = self.download(&acc, 2 * n_prod as usize * batch_frames)?;
                 gathered.push_batch(&words, batch_frames);
@@ -249,7 +253,7 @@ impl Cuda {
         } else {
             None
         };
-        Ok(gathered.finish(file, &call, pattern))
+        Ok(gathered.finish(file, call, pattern))
     }
 }
 
@@ -270,7 +274,7 @@ struct Decoder {
     faults: CudaSlice<u32>,
 }
 
-const FAULT_WORDS: usize = 1 + 5 * MAX_FAULTS;
+const FAULT_WORDS: usize = 1 + FAULT_RECORD_WORDS * MAX_FAULTS;
 
 impl Decoder {
     fn new(gpu: &Cuda, call: &Call) -> Result<Decoder, ReduceError> {
@@ -283,15 +287,17 @@ impl Decoder {
         })
     }
 
-    /// Uploads and decodes the streams of `pixels` of `raw` into `scratch`.
+    /// Uploads and decodes the streams of pass `q` of `plan` in block
+    /// `raw` into `scratch`.
     fn run(
         &mut self,
         gpu: &Cuda,
         call: &Call,
         raw: &RawBlockStreams<'_>,
-        pixels: Range<usize>,
+        plan: &Plan,
+        q: usize,
     ) -> Result<(), ReduceError> {
-        let up = PassUpload::new(call.source, raw, pixels)?;
+        let up = PassUpload::new(call.source, raw, plan, q)?;
         gpu.upload(&mut self.payload, &up.payload_words())?;
         gpu.upload(&mut self.offsets, &up.offsets)?;
         gpu.upload(&mut self.selectors, &plan::le_words(&up.selectors))?;
@@ -314,8 +320,8 @@ impl Decoder {
         Ok(())
     }
 
-    fn check_faults(&self, gpu: &Cuda, file: &QemFile) -> Result<(), ReduceError> {
-        plan::check_faults(file, &gpu.download(&self.faults, FAULT_WORDS)?)
+    fn check_faults(&self, gpu: &Cuda, file: &QemFile, call: &Call) -> Result<(), ReduceError> {
+        plan::check_faults(file, call, &gpu.download(&self.faults, FAULT_WORDS)?)
     }
 }
 
@@ -328,20 +334,21 @@ impl BlockDecoder for Cuda {
         let lanes = call.source.lanes();
         let mut decoder = Decoder::new(self, &call)?;
         let mut values = vec![0u32; m * file.pixels()];
-        for pass in &call.plans[&m].passes {
-            decoder.run(self, &call, &raw, pass.pixels.clone())?;
+        let plan = &call.plans[&m];
+        for (q, pass) in plan.passes.iter().enumerate() {
+            decoder.run(self, &call, &raw, plan, q)?;
             let words = self.download(&decoder.scratch, pass.pixels.len() * lanes * m)?;
-            decoder.check_faults(self, file)?;
-            plan::scatter_frames(
-                &words,
-                pass.pixels.clone(),
-                m,
-                lanes,
-                file.pixels(),
-                &mut values,
-            );
+            decoder.check_faults(self, file, &call)?;
+            let pixels = &plan.pixels[pass.pixels.clone()];
+            plan::scatter_frames(&words, pixels, m, lanes, file.pixels(), &mut values);
         }
         Ok(BlockValues::from_words(values, lanes))
+    }
+
+    fn decode_blocks(&self, file: &QemFile, blocks: Range<usize>) -> Result<(), ReduceError> {
+        let _busy = self.busy.lock().map_err(|_| backend("lock poisoned"))?;
+        let call = Call::decode_all(file, blocks)?;
+        self.run(file, &call, &Request::default()).map(|_| ())
     }
 }
 
@@ -357,6 +364,6 @@ impl Accelerator for Cuda {
         request: &Request,
     ) -> Result<Partial, ReduceError> {
         let _busy = self.busy.lock().map_err(|_| backend("lock poisoned"))?;
-        self.run(file, blocks, request)
+        self.run(file, &Call::new(file, blocks, request)?, request)
     }
 }

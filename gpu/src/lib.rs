@@ -7,13 +7,26 @@
 //!   dynamic loading, so a binary built with the feature still runs where no
 //!   CUDA is installed. Off by default because its PTX, generated here with
 //!   clang (no nvcc), has not yet run on a GPU; `scripts/gpu-device-check.sh`
-//!   runs its tests on a GPU machine (`QEMFS_GPU_FEATURES=cuda`).
+//!   runs its tests on a GPU machine.
 //!
-//! Each backend decodes a block's count streams on the device (one
-//! invocation per stream, from the arrays as stored) into a bounded scratch
-//! buffer and reduces them there. Integer products equal the CPU
-//! reference's exactly; float products are compensated float32 sums in a
-//! different order, equal within rtol = atol = 1e-6 of the magnitude.
+//! Each backend decodes the count streams a request needs (every valid
+//! pixel for moments or a pattern, else the masks' valid pixels, as the CPU
+//! reference does) on the device, one invocation per stream, from the
+//! arrays as stored, into a scratch buffer of at most 32 MiB reused pass
+//! after pass, and reduces them there; the cube is never expanded on the
+//! device. A stream that fails to decode becomes the CPU decoder's
+//! [`QemError`](qemfs::qem::QemError), naming chunk and stream.
+//!
+//! Numerics: integer products (counts, scaled codes) equal the CPU
+//! reference's exactly (u64 sums kept as u32 pairs with carry). Float
+//! products are Kahan-compensated float32 sums in another order than the
+//! CPU's (segments of 64 pixels merged in pixel order; frames in order for
+//! the pattern), so they are not bit-identical: they agree with the CPU
+//! and with a float64 reference within `1e-6 + 1e-6 * M`, `M` the sum of the
+//! magnitudes of the summed finite terms (spec §13's rtol = atol = 1e-6,
+//! relative to the terms' magnitude). Non-finite values propagate as in a
+//! plain float32 sum; a float32 partial sum may overflow to infinity where
+//! a float64 one does not. Pattern maxima are exact.
 //!
 //! [`select`] picks a backend at start-up from `--gpu auto|wgpu|cuda|off`.
 
@@ -23,6 +36,7 @@ mod plan;
 mod wgpu_backend;
 
 use std::fmt;
+use std::ops::Range;
 use std::str::FromStr;
 
 use qemfs::qem::QemFile;
@@ -31,7 +45,7 @@ use qemfs::reduce::{Accelerator, ReduceError};
 #[cfg(feature = "cuda")]
 pub use cuda_backend::Cuda;
 pub use plan::{MAX_PIXELS, SCRATCH_VALUES};
-pub use wgpu_backend::Wgpu;
+pub use wgpu_backend::{OpenError, Wgpu};
 
 /// Stored values of one block, frame-major, as decoded on a device.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +70,12 @@ impl BlockValues {
 /// A GPU backend that also hands back a block's decoded stored values, for
 /// parity checks against the CPU decoder and for decode benchmarks.
 pub trait BlockDecoder: Accelerator {
+    /// The stored values of `block`, decoded on the device.
     fn decode_block(&self, file: &QemFile, block: usize) -> Result<BlockValues, ReduceError>;
+
+    /// Decodes every stream of `blocks` on the device, each checked as the
+    /// CPU decoder checks it; only the fault records come back.
+    fn decode_blocks(&self, file: &QemFile, blocks: Range<usize>) -> Result<(), ReduceError>;
 }
 
 /// Which backend to use (`--gpu`).

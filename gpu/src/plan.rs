@@ -3,6 +3,7 @@
 //! product reads in each pass, and how the device's fault records become the
 //! same [`QemError`] the CPU decoder reports.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -64,19 +65,27 @@ impl Source {
     }
 }
 
-/// One pass: a run of pixels whose streams are decoded together.
+/// One pass: pixels whose streams are decoded together.
 #[derive(Debug, Clone)]
 pub struct Pass {
+    /// The pass's pixels, ascending: `Plan::pixels[pixels]`. Scratch slot
+    /// `jl` holds pixel `Plan::pixels[pixels.start + jl]`.
     pub pixels: Range<usize>,
-    /// Per product: (start in `Plan::lists`, count, weight).
+    /// True when the pixels are consecutive detector pixels (their streams
+    /// are one span of the payload).
+    pub contiguous: bool,
+    /// Per product: (start in `Plan::lists`, count, weight); list entries
+    /// are scratch slots.
     pub descs: Vec<[u32; 3]>,
 }
 
-/// The passes of blocks with `m` frames, and the pixel lists of every
+/// The passes of blocks with `m` frames, and the slot lists of every
 /// product in every pass.
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub m: usize,
+    /// The decoded pixels, ascending, pass after pass.
+    pub pixels: Vec<u32>,
     pub passes: Vec<Pass>,
     pub lists: Vec<u32>,
     /// Pixels in the widest pass.
@@ -92,6 +101,9 @@ pub struct Products {
     pub lists: Vec<(Vec<u32>, Weight)>,
     pub masks: usize,
     pub moments: bool,
+    /// The pixels to decode, ascending: every valid pixel for moments or a
+    /// pattern, else the valid pixels of the masks (as the CPU reference).
+    pub needed: Vec<u32>,
 }
 
 impl Products {
@@ -109,8 +121,16 @@ impl Products {
             let list: Vec<u32> = set.pixels().iter().copied().filter(|&p| valid(p)).collect();
             lists.push((list, Weight::One));
         }
+        let all: Vec<u32> = (0..p_count as u32).filter(|&p| valid(p)).collect();
+        let needed = if request.moments || request.pattern {
+            all.clone()
+        } else {
+            let mut union: Vec<u32> = lists.iter().flat_map(|(l, _)| l.iter().copied()).collect();
+            union.sort_unstable();
+            union.dedup();
+            union
+        };
         if request.moments {
-            let all: Vec<u32> = (0..p_count as u32).filter(|&p| valid(p)).collect();
             lists.push((all.clone(), Weight::One));
             lists.push((all.clone(), Weight::Row));
             lists.push((all, Weight::Column));
@@ -119,7 +139,18 @@ impl Products {
             lists,
             masks: request.masks.len(),
             moments: request.moments,
+            needed,
         })
+    }
+
+    /// No products; every pixel decoded (parity checks, benchmarks).
+    pub fn decode_all(file: &QemFile) -> Products {
+        Products {
+            lists: Vec::new(),
+            masks: 0,
+            moments: false,
+            needed: (0..file.pixels() as u32).collect(),
+        }
     }
 
     pub fn count(&self) -> usize {
@@ -128,42 +159,55 @@ impl Products {
 }
 
 impl Plan {
-    /// Splits `pixels` into passes for blocks of `m` frames: each pass's
-    /// decoded values fit the scratch buffer and its valid payload (at most
-    /// `4m + 4` bytes per stream, see [`longest_valid_stream`]) fits
-    /// [`PAYLOAD_LIMIT`].
-    pub fn new(source: Source, pixels: usize, m: usize, products: &Products) -> Plan {
+    /// Splits the needed pixels into passes for blocks of `m` frames: each
+    /// pass's decoded values fit the scratch buffer and its valid payload
+    /// (at most `4m + 4` bytes per stream, see [`longest_valid_stream`])
+    /// fits [`PAYLOAD_LIMIT`].
+    pub fn new(source: Source, m: usize, products: &Products) -> Plan {
         let lanes = source.lanes();
+        let pixels = products.needed.clone();
         let width = (SCRATCH_VALUES / (lanes * m))
             .min(MAX_PASS_STREAMS / lanes)
             .min(PAYLOAD_LIMIT / (lanes * longest_valid_stream(m)))
-            .min(pixels)
             .max(1);
         let mut passes = Vec::new();
         let mut lists = Vec::new();
         let mut max_count = 0;
-        let mut p0 = 0;
-        while p0 < pixels {
-            let p1 = (p0 + width).min(pixels);
+        let mut a = 0;
+        while a < pixels.len() {
+            let b = (a + width).min(pixels.len());
+            let run = &pixels[a..b];
+            let contiguous = run[run.len() - 1] - run[0] == (run.len() - 1) as u32;
             let mut descs = Vec::with_capacity(products.count());
             for (list, weight) in &products.lists {
-                let a = list.partition_point(|&p| (p as usize) < p0);
-                let b = list.partition_point(|&p| (p as usize) < p1);
-                descs.push([lists.len() as u32, (b - a) as u32, *weight as u32]);
-                lists.extend_from_slice(&list[a..b]);
-                max_count = max_count.max(b - a);
+                let start = lists.len();
+                // Lists are subsets of `needed`: map each pixel to its slot.
+                let lo = list.partition_point(|&p| p < run[0]);
+                let hi = list.partition_point(|&p| p <= run[run.len() - 1]);
+                let mut slot = 0;
+                for &p in &list[lo..hi] {
+                    while run[slot] < p {
+                        slot += 1;
+                    }
+                    lists.push(slot as u32);
+                }
+                let count = lists.len() - start;
+                descs.push([start as u32, count as u32, *weight as u32]);
+                max_count = max_count.max(count);
             }
             passes.push(Pass {
-                pixels: p0..p1,
+                pixels: a..b,
+                contiguous,
                 descs,
             });
-            p0 = p1;
+            a = b;
         }
         Plan {
             m,
+            max_width: width.min(pixels.len()),
+            pixels,
             passes,
             lists,
-            max_width: width.min(pixels),
             max_count,
         }
     }
@@ -184,39 +228,34 @@ pub fn longest_valid_stream(m: usize) -> usize {
     4 * m + 4
 }
 
-/// Checks a pass's streams before upload: a stream longer than any valid
-/// one cannot decode; the CPU decoder names its fault (this keeps uploads
-/// bounded without trusting lengths).
-pub fn check_stream_lengths(
-    chunk: usize,
-    first_stream: usize,
-    payload: &[u8],
-    offsets: &[u32],
-    selectors: &[u8],
-    m: usize,
+/// Refuses a stream longer than any valid one before upload (it cannot
+/// decode; the CPU decoder names its fault). This keeps uploads bounded
+/// without trusting lengths.
+fn check_stream_length(
+    raw: &RawBlockStreams<'_>,
+    stream: usize,
+    bytes: &[u8],
 ) -> Result<(), ReduceError> {
-    for (j, &sel) in selectors.iter().enumerate() {
-        let (a, b) = (offsets[j] as usize, offsets[j + 1] as usize);
-        if b - a > longest_valid_stream(m) {
-            let mut out = vec![0u16; m];
-            let fault = match stream::decode(sel, &payload[a..b], &mut out) {
-                Err(f) => f,
-                // Unreachable for a stream this long; report it as unread.
-                Ok(()) => StreamFault::FinalState {
-                    state: 0,
-                    unread: b - a - longest_valid_stream(m),
-                },
-            };
-            return Err(ReduceError::Decode(QemError::Stream {
-                site: StreamSite {
-                    chunk,
-                    stream: first_stream + j,
-                },
-                fault,
-            }));
-        }
+    let m = raw.frames;
+    if bytes.len() <= longest_valid_stream(m) {
+        return Ok(());
     }
-    Ok(())
+    let mut out = vec![0u16; m];
+    let fault = match stream::decode(raw.selectors[stream], bytes, &mut out) {
+        Err(f) => f,
+        // Unreachable for a stream this long; report it as unread.
+        Ok(()) => StreamFault::FinalState {
+            state: 0,
+            unread: bytes.len() - longest_valid_stream(m),
+        },
+    };
+    Err(ReduceError::Decode(QemError::Stream {
+        site: StreamSite {
+            chunk: raw.block.chunk,
+            stream: raw.first_stream + stream,
+        },
+        fault,
+    }))
 }
 
 /// Fault codes written by the decode shader.
@@ -242,25 +281,47 @@ pub struct FaultRecord {
     pub b: u32,
 }
 
-/// Turns the device's fault buffer (count, then records of 5 words) into
-/// the error of the first faulty stream (lowest block, then stream), as the
-/// CPU decoder would name it. `Ok` when no stream failed.
-pub fn check_faults(file: &QemFile, words: &[u32]) -> Result<(), ReduceError> {
+/// Words per fault record: block, pass, stream in pass, code, a, b.
+pub const FAULT_RECORD_WORDS: usize = 6;
+
+/// Turns the device's fault buffer (count, then records) into the error of
+/// the first faulty stream (lowest block, then stream), as the CPU decoder
+/// would name it. `Ok` when no stream failed.
+pub fn check_faults(file: &QemFile, call: &Call, words: &[u32]) -> Result<(), ReduceError> {
     let count = words[0] as usize;
     if count == 0 {
         return Ok(());
     }
-    let records: Vec<FaultRecord> = words[1..]
-        .chunks_exact(5)
+    let lanes = call.source.lanes();
+    let mut records = Vec::new();
+    for r in words[1..]
+        .chunks_exact(FAULT_RECORD_WORDS)
         .take(count.min(MAX_FAULTS))
-        .map(|r| FaultRecord {
-            block: r[0],
-            stream: r[1],
-            code: r[2],
-            a: r[3],
-            b: r[4],
-        })
-        .collect();
+    {
+        let (block, q, j) = (r[0] as usize, r[1] as usize, r[2] as usize);
+        let pass = file
+            .blocks()
+            .get(block)
+            .and_then(|info| call.plans.get(&info.frames))
+            .and_then(|plan| Some((plan, plan.passes.get(q)?)));
+        let Some((plan, pass)) = pass else {
+            return Err(backend_error(&format!(
+                "fault record names block {block} pass {q}"
+            )));
+        };
+        let Some(&pixel) = plan.pixels[pass.pixels.clone()].get(j / lanes) else {
+            return Err(backend_error(&format!(
+                "fault record names stream {j} of pass {q}"
+            )));
+        };
+        records.push(FaultRecord {
+            block: block as u32,
+            stream: (pixel as usize * lanes + j % lanes) as u32,
+            code: r[3],
+            a: r[4],
+            b: r[5],
+        });
+    }
     let first = records
         .iter()
         .min_by_key(|r| (r.block, r.stream))
@@ -400,7 +461,8 @@ pub struct DecodeParams {
     pub byte_base: u32,
     pub u8_limit: u32,
     pub block: u32,
-    pub stream0: u32,
+    /// Index of the pass in its plan, for fault records.
+    pub pass: u32,
     pub pad: [u32; 2],
 }
 
@@ -426,53 +488,71 @@ pub struct ReduceParams {
     pub pad: [u32; 3],
 }
 
-/// What one pass uploads: the payload span from a word boundary, the
-/// streams' offsets, their selectors (padded to whole words) and the
-/// decode parameters.
+/// What one pass uploads: the streams' payload bytes (a span of the
+/// chunk's payload from a word boundary for consecutive pixels, else the
+/// streams gathered), their offsets, their selectors (padded to whole
+/// words) and the decode parameters.
 #[derive(Debug)]
 pub struct PassUpload<'a> {
-    /// Payload bytes from `params.byte_base` to the end of the last stream.
-    pub payload: &'a [u8],
+    /// Payload bytes; offsets count from `params.byte_base` before them.
+    pub payload: Cow<'a, [u8]>,
     pub offsets: Vec<u32>,
     pub selectors: Vec<u8>,
     pub params: DecodeParams,
 }
 
 impl<'a> PassUpload<'a> {
-    /// The streams of `pixels` of block `raw`, lengths checked.
+    /// The streams of pass `q` of `plan` in block `raw`, lengths checked.
     pub fn new(
         source: Source,
         raw: &RawBlockStreams<'a>,
-        pixels: Range<usize>,
+        plan: &Plan,
+        q: usize,
     ) -> Result<PassUpload<'a>, ReduceError> {
         let lanes = source.lanes();
-        let m = raw.frames;
-        let s0 = pixels.start * lanes;
-        let s1 = pixels.end * lanes;
-        let offsets = le_words(&raw.offsets[4 * s0..4 * (s1 + 1)]);
-        let mut selectors = raw.selectors[s0..s1].to_vec();
-        check_stream_lengths(
-            raw.block.chunk,
-            raw.first_stream + s0,
-            raw.payload,
-            &offsets,
-            &selectors,
-            m,
-        )?;
+        let pass = &plan.passes[q];
+        let pixels = &plan.pixels[pass.pixels.clone()];
+        let offset = |s: usize| {
+            let b = &raw.offsets[4 * s..4 * s + 4];
+            u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        };
+        let streams: Vec<usize> = pixels
+            .iter()
+            .flat_map(|&p| (0..lanes).map(move |l| p as usize * lanes + l))
+            .collect();
+        for &s in &streams {
+            let bytes = &raw.payload[offset(s) as usize..offset(s + 1) as usize];
+            check_stream_length(raw, s, bytes)?;
+        }
+        let mut selectors: Vec<u8> = streams.iter().map(|&s| raw.selectors[s]).collect();
         selectors.resize(selectors.len().next_multiple_of(4), 0);
-        let base = offsets[0] as usize & !3;
-        let end = offsets[s1 - s0] as usize;
+        let (payload, offsets, base) = if pass.contiguous {
+            let (s0, s1) = (streams[0], streams[0] + streams.len());
+            let offsets = le_words(&raw.offsets[4 * s0..4 * (s1 + 1)]);
+            let base = offsets[0] as usize & !3;
+            let end = offsets[s1 - s0] as usize;
+            (Cow::Borrowed(&raw.payload[base..end]), offsets, base)
+        } else {
+            let mut bytes = Vec::new();
+            let mut offsets = Vec::with_capacity(streams.len() + 1);
+            offsets.push(0);
+            for &s in &streams {
+                bytes.extend_from_slice(&raw.payload[offset(s) as usize..offset(s + 1) as usize]);
+                offsets.push(bytes.len() as u32);
+            }
+            (Cow::Owned(bytes), offsets, 0)
+        };
         Ok(PassUpload {
-            payload: &raw.payload[base..end],
+            payload,
             offsets,
             selectors,
             params: DecodeParams {
-                streams: (s1 - s0) as u32,
-                m: m as u32,
+                streams: streams.len() as u32,
+                m: raw.frames as u32,
                 byte_base: base as u32,
                 u8_limit: u32::from(matches!(source, Source::Exact { u8_limit: true })),
                 block: raw.block.index as u32,
-                stream0: s0 as u32,
+                pass: q as u32,
                 pad: [0; 2],
             },
         })
@@ -483,7 +563,7 @@ impl<'a> PassUpload<'a> {
     pub fn payload_words(&self) -> Vec<u32> {
         let mut words = vec![0u32; self.payload.len().div_ceil(4)];
         bytemuck::cast_slice_mut::<u32, u8>(&mut words)[..self.payload.len()]
-            .copy_from_slice(self.payload);
+            .copy_from_slice(&self.payload);
         words
     }
 }
@@ -543,7 +623,22 @@ impl Call {
         Ok(Call::for_lengths(file, &ms, products, blocks))
     }
 
-    /// Decoding without products, for blocks of the given lengths.
+    /// Every stream of `blocks` decoded, no products.
+    pub fn decode_all(file: &QemFile, blocks: Range<usize>) -> Result<Call, ReduceError> {
+        check_request(file, &blocks, &Request::default())?;
+        let ms: Vec<usize> = file.blocks()[blocks.clone()]
+            .iter()
+            .map(|b| b.frames)
+            .collect();
+        Ok(Call::for_lengths(
+            file,
+            &ms,
+            Products::decode_all(file),
+            blocks,
+        ))
+    }
+
+    /// Every stream of one block decoded, no products.
     pub fn decode_only(file: &QemFile, block: usize) -> Result<Call, ReduceError> {
         let m = file
             .blocks()
@@ -554,12 +649,12 @@ impl Call {
                 limit: file.blocks().len(),
             }))?
             .frames;
-        let products = Products {
-            lists: Vec::new(),
-            masks: 0,
-            moments: false,
-        };
-        Ok(Call::for_lengths(file, &[m], products, block..block + 1))
+        Ok(Call::for_lengths(
+            file,
+            &[m],
+            Products::decode_all(file),
+            block..block + 1,
+        ))
     }
 
     fn for_lengths(
@@ -574,7 +669,7 @@ impl Call {
         for &m in lengths {
             plans
                 .entry(m)
-                .or_insert_with(|| Plan::new(source, file.pixels(), m, &products));
+                .or_insert_with(|| Plan::new(source, m, &products));
         }
         let mut lists: Vec<u32> = Vec::new();
         let mut descs: Vec<u32> = Vec::new();
@@ -798,17 +893,19 @@ pub fn pattern_max_init(call: &Call, pixels: usize) -> Vec<u32> {
     }
 }
 
-/// Writes a pass's decoded scratch words (stream-major; float lanes joined)
-/// into `out`, the block's values frame-major.
+/// Writes a pass's decoded scratch words (stream-major, slot `jl` holding
+/// `pixels[jl]`; float lanes joined) into `out`, the block's values
+/// frame-major.
 pub fn scatter_frames(
     words: &[u32],
-    pixels: Range<usize>,
+    pixels: &[u32],
     m: usize,
     lanes: usize,
     p_count: usize,
     out: &mut [u32],
 ) {
-    for (jl, p) in pixels.enumerate() {
+    for (jl, &p) in pixels.iter().enumerate() {
+        let p = p as usize;
         for t in 0..m {
             out[t * p_count + p] = if lanes == 1 {
                 words[jl * m + t]

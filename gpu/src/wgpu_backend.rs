@@ -17,7 +17,10 @@ use qemfs::qem::{rans, tables, QemFile, RawBlockStreams};
 use qemfs::reduce::{Accelerator, Partial, ReduceError, Request};
 use wgpu::util::DeviceExt;
 
-use crate::plan::{self, Call, DecodeParams, Gathered, PassUpload, ReduceParams, MAX_FAULTS};
+use crate::plan::{
+    self, Call, DecodeParams, Gathered, PassUpload, Plan, ReduceParams, FAULT_RECORD_WORDS,
+    MAX_FAULTS,
+};
 use crate::{BlockDecoder, BlockValues};
 
 const NAME: &str = "wgpu";
@@ -29,6 +32,27 @@ fn backend(reason: impl std::fmt::Display) -> ReduceError {
         reason: reason.to_string(),
     }
 }
+
+/// Why [`Wgpu::new`] gave no backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum OpenError {
+    /// No adapter fit (none at all, or none with compute shaders, or only
+    /// software ones when they were not admitted).
+    NoAdapter(String),
+    /// An adapter exists but could not be used (device creation or the
+    /// shaders failed): a bug or a broken driver, never to be ignored.
+    Failed(String),
+}
+
+impl std::fmt::Display for OpenError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            OpenError::NoAdapter(why) | OpenError::Failed(why) => f.write_str(why),
+        }
+    }
+}
+
+impl std::error::Error for OpenError {}
 
 /// Reductions on a wgpu adapter.
 pub struct Wgpu {
@@ -74,7 +98,7 @@ impl Wgpu {
     /// software; Vulkan before GL). `allow_software` admits CPU adapters
     /// such as lavapipe, which tests use but `auto` selection should not.
     /// `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the APIs tried.
-    pub fn new(allow_software: bool) -> Result<Wgpu, String> {
+    pub fn new(allow_software: bool) -> Result<Wgpu, OpenError> {
         let backends =
             wgpu::Backends::from_env().unwrap_or(wgpu::Backends::VULKAN | wgpu::Backends::GL);
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
@@ -92,11 +116,11 @@ impl Wgpu {
         });
         adapters.sort_by_key(|a| rank(&a.get_info()));
         let adapter = adapters.into_iter().next().ok_or_else(|| {
-            if allow_software {
+            OpenError::NoAdapter(if allow_software {
                 "no wgpu adapter with compute shaders".to_string()
             } else {
                 "no hardware wgpu adapter with compute shaders".to_string()
-            }
+            })
         })?;
         let info = adapter.get_info();
         let limits = wgpu::Limits {
@@ -111,7 +135,7 @@ impl Wgpu {
             required_limits: limits,
             ..Default::default()
         }))
-        .map_err(|e| format!("{} ({:?}): {e}", info.name, info.backend))?;
+        .map_err(|e| OpenError::Failed(format!("{} ({:?}): {e}", info.name, info.backend)))?;
         let errors: Arc<Mutex<Vec<String>>> = Arc::default();
         let sink = errors.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -152,7 +176,10 @@ impl Wgpu {
             usage: wgpu::BufferUsages::STORAGE,
         });
         if let Some(e) = pollster::block_on(scope.pop()) {
-            return Err(format!("{}: shaders rejected: {e}", info.name));
+            return Err(OpenError::Failed(format!(
+                "{}: shaders rejected: {e}",
+                info.name
+            )));
         }
         Ok(Wgpu {
             device,
@@ -269,35 +296,37 @@ impl Wgpu {
         let decoder = Decoder::new(self, &call)?;
         let read = self.readback("decoded", (call.max_values * 4) as u64);
         let mut values = vec![0u32; m * p_count];
-        for pass in &call.plans[&m].passes {
+        let plan = &call.plans[&m];
+        for (q, pass) in plan.passes.iter().enumerate() {
             let mut enc = self.device.create_command_encoder(&Default::default());
-            decoder.encode(self, &mut enc, &call, &raw, pass.pixels.clone())?;
+            decoder.encode(self, &mut enc, &call, &raw, plan, q)?;
             let bytes = (pass.pixels.len() * lanes * m * 4) as u64;
             enc.copy_buffer_to_buffer(&decoder.scratch, 0, &read, 0, bytes);
             self.queue.submit([enc.finish()]);
             let words = self.read_words(&read, bytes)?;
-            decoder.check_faults(self, file)?;
-            plan::scatter_frames(&words, pass.pixels.clone(), m, lanes, p_count, &mut values);
+            decoder.check_faults(self, file, &call)?;
+            let pixels = &plan.pixels[pass.pixels.clone()];
+            plan::scatter_frames(&words, pixels, m, lanes, p_count, &mut values);
         }
         Ok(BlockValues::from_words(values, lanes))
     }
 
-    fn run(
-        &self,
-        file: &QemFile,
-        blocks: Range<usize>,
-        request: &Request,
-    ) -> Result<Partial, ReduceError> {
-        let call = Call::new(file, blocks, request)?;
+    /// Runs a planned call: decodes its blocks' needed streams pass by
+    /// pass and reduces them as `request` asks.
+    fn run(&self, file: &QemFile, call: &Call, request: &Request) -> Result<Partial, ReduceError> {
         let n_prod = call.products.count();
         let p_count = file.pixels();
-        let decoder = Decoder::new(self, &call)?;
+        let decoder = Decoder::new(self, call)?;
         let lists = self.storage("lists", (call.lists.len() * 4) as u64);
         self.queue
             .write_buffer(&lists, 0, bytemuck::cast_slice(&call.lists));
         let descs = self.storage("descs", (call.descs.len() * 4) as u64);
         self.queue
             .write_buffer(&descs, 0, bytemuck::cast_slice(&call.descs));
+        let needed = &call.products.needed;
+        let pass_pixels = self.storage("pass pixels", (needed.len() * 4) as u64);
+        self.queue
+            .write_buffer(&pass_pixels, 0, bytemuck::cast_slice(needed));
         let partials = self.storage("partials", call.partial_bytes);
         let acc = self.storage("accumulators", call.acc_bytes());
         let acc_read = self.readback("accumulators read", call.acc_bytes());
@@ -317,7 +346,7 @@ impl Wgpu {
         let pattern_sum = self.storage("pattern sum", pattern_bytes);
         let pattern_max = self.storage("pattern max", pattern_bytes);
         if request.pattern {
-            let init = plan::pattern_max_init(&call, p_count);
+            let init = plan::pattern_max_init(call, p_count);
             self.queue
                 .write_buffer(&pattern_max, 0, bytemuck::cast_slice(&init));
         }
@@ -335,6 +364,7 @@ impl Wgpu {
                 (3, &descs),
                 (4, &partials),
                 (6, &background),
+                (9, &pass_pixels),
             ],
         );
         let combine_group = self.bind(&self.combine, &[(0, &rparams), (4, &partials), (5, &acc)]);
@@ -346,25 +376,24 @@ impl Wgpu {
                 (6, &background),
                 (7, &pattern_sum),
                 (8, &pattern_max),
+                (9, &pass_pixels),
             ],
         );
 
-        let mut gathered = Gathered::new(&call);
+        let mut gathered = Gathered::new(call);
         for batch in &call.batches {
             let batch_frames: usize = file.blocks()[batch.clone()].iter().map(|b| b.frames).sum();
-            let mut first = true;
+            let mut enc = self.device.create_command_encoder(&Default::default());
+            enc.clear_buffer(&acc, 0, None);
+            self.queue.submit([enc.finish()]);
             let mut frame0 = 0usize;
             for b in batch.clone() {
                 let raw = file.raw_block_streams(b)?;
                 let m = raw.frames;
                 let plan = &call.plans[&m];
-                for (q, pass) in plan.passes.iter().enumerate() {
+                for q in 0..plan.passes.len() {
                     let mut enc = self.device.create_command_encoder(&Default::default());
-                    if first {
-                        enc.clear_buffer(&acc, 0, None);
-                        first = false;
-                    }
-                    decoder.encode(self, &mut enc, &call, &raw, pass.pixels.clone())?;
+                    decoder.encode(self, &mut enc, call, &raw, plan, q)?;
                     let params = call.reduce_params(
                         m,
                         q,
@@ -396,7 +425,7 @@ impl Wgpu {
                 frame0 += m;
             }
             // Faults first: values of a batch with a faulty stream are never used.
-            decoder.check_faults(self, file)?;
+            decoder.check_faults(self, file, call)?;
             if n_prod > 0 {
                 let bytes = (n_prod * batch_frames * 8) as u64;
                 let mut enc = self.device.create_command_encoder(&Default::default());
@@ -420,7 +449,7 @@ impl Wgpu {
             None
         };
         self.take_errors()?;
-        Ok(gathered.finish(file, &call, pattern))
+        Ok(gathered.finish(file, call, pattern))
     }
 }
 
@@ -437,7 +466,7 @@ struct Decoder {
     group: wgpu::BindGroup,
 }
 
-const FAULT_BYTES: u64 = 4 * (1 + 5 * MAX_FAULTS as u64);
+const FAULT_BYTES: u64 = 4 * (1 + (FAULT_RECORD_WORDS * MAX_FAULTS) as u64);
 
 impl Decoder {
     fn new(gpu: &Wgpu, call: &Call) -> Result<Decoder, ReduceError> {
@@ -480,25 +509,26 @@ impl Decoder {
         })
     }
 
-    /// Uploads the streams of `pixels` of block `raw` and records their
-    /// decoding into `enc` (the uploads take effect at its submission).
+    /// Uploads the streams of pass `q` of `plan` in block `raw` and records
+    /// their decoding into `enc` (the uploads take effect at its submission).
     fn encode(
         &self,
         gpu: &Wgpu,
         enc: &mut wgpu::CommandEncoder,
         call: &Call,
         raw: &RawBlockStreams<'_>,
-        pixels: Range<usize>,
+        plan: &Plan,
+        q: usize,
     ) -> Result<(), ReduceError> {
-        let up = PassUpload::new(call.source, raw, pixels)?;
-        let whole = up.payload.len() & !3;
+        let up = PassUpload::new(call.source, raw, plan, q)?;
+        let payload: &[u8] = &up.payload;
+        let whole = payload.len() & !3;
         if whole > 0 {
-            gpu.queue
-                .write_buffer(&self.payload, 0, &up.payload[..whole]);
+            gpu.queue.write_buffer(&self.payload, 0, &payload[..whole]);
         }
-        if whole < up.payload.len() {
+        if whole < payload.len() {
             let mut tail = [0u8; 4];
-            tail[..up.payload.len() - whole].copy_from_slice(&up.payload[whole..]);
+            tail[..payload.len() - whole].copy_from_slice(&payload[whole..]);
             gpu.queue.write_buffer(&self.payload, whole as u64, &tail);
         }
         gpu.queue
@@ -514,18 +544,24 @@ impl Decoder {
     }
 
     /// Reads the fault records and turns the first into the CPU's error.
-    fn check_faults(&self, gpu: &Wgpu, file: &QemFile) -> Result<(), ReduceError> {
+    fn check_faults(&self, gpu: &Wgpu, file: &QemFile, call: &Call) -> Result<(), ReduceError> {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(&self.faults, 0, &self.faults_read, 0, FAULT_BYTES);
         gpu.queue.submit([enc.finish()]);
         let words = gpu.read_words(&self.faults_read, FAULT_BYTES)?;
-        plan::check_faults(file, &words)
+        plan::check_faults(file, call, &words)
     }
 }
 
 impl BlockDecoder for Wgpu {
     fn decode_block(&self, file: &QemFile, block: usize) -> Result<BlockValues, ReduceError> {
         self.decode_one(file, block)
+    }
+
+    fn decode_blocks(&self, file: &QemFile, blocks: Range<usize>) -> Result<(), ReduceError> {
+        let _busy = self.busy.lock().map_err(|_| backend("lock poisoned"))?;
+        let call = Call::decode_all(file, blocks)?;
+        self.run(file, &call, &Request::default()).map(|_| ())
     }
 }
 
@@ -541,6 +577,6 @@ impl Accelerator for Wgpu {
         request: &Request,
     ) -> Result<Partial, ReduceError> {
         let _busy = self.busy.lock().map_err(|_| backend("lock poisoned"))?;
-        self.run(file, blocks, request)
+        self.run(file, &Call::new(file, blocks, request)?, request)
     }
 }

@@ -1,8 +1,10 @@
-//! The wgpu backend against the CPU: decoded values of every block of every
+//! The GPU backends against the CPU: decoded values of every block of every
 //! accepted conformance fixture, the errors of every fixture the decoder
 //! rejects, and reductions (masks, moments, pattern, background) on the
 //! fixtures and on generated acquisitions (partial chunks and blocks,
-//! invalid pixels, all three codecs).
+//! invalid pixels, all three codecs), each checked against a float64/u64
+//! reference computed here from the dense values and against the CPU
+//! reference `qemfs::reduce::Cpu`.
 //!
 //! Needs a wgpu adapter; lavapipe (Mesa's software Vulkan) serves in CI. When
 //! `CI` is set and no adapter exists, the tests fail; elsewhere they skip
@@ -22,35 +24,59 @@ use qemfs::qem::write::{
     encode_to_vec, scientific_metadata, Calibration, Content, CountDtype, ScaledRegion, WriteSpec,
 };
 use qemfs::qem::{Codec, QemFile};
-use qemfs::reduce::{Partial, PixelSet, ReduceError, Request, Values};
-use qemfs_gpu::{BlockDecoder, BlockValues, Wgpu};
+use qemfs::reduce::{Accelerator, Cpu, Partial, PixelSet, ReduceError, Request, Values};
+use qemfs_gpu::{BlockDecoder, BlockValues, OpenError, Wgpu};
 use serde_json::{Map, Value};
 
+/// `QEMFS_GPU_BACKENDS` (scripts/gpu-device-check.sh) names the backends
+/// that must be tested, comma-separated: `wgpu` (any adapter), `wgpu-hw`
+/// (hardware adapters only), `cuda`. A named backend that cannot be opened
+/// fails the tests. Unset: wgpu with any adapter, plus CUDA where the
+/// feature is built and a device exists.
+fn required() -> Option<Vec<String>> {
+    std::env::var("QEMFS_GPU_BACKENDS")
+        .ok()
+        .map(|v| v.split(',').map(|s| s.trim().to_string()).collect())
+}
+
+/// The wgpu backend. Tests skip (with a message) only when no adapter
+/// exists, `CI` is unset and wgpu is not required; an adapter that fails to
+/// open (device or shader errors) always fails them.
 fn gpu() -> Option<&'static Wgpu> {
-    static GPU: OnceLock<Result<Wgpu, String>> = OnceLock::new();
-    // QEMFS_GPU_HARDWARE (scripts/gpu-device-check.sh): refuse software adapters.
-    let software = std::env::var_os("QEMFS_GPU_HARDWARE").is_none();
+    static GPU: OnceLock<Result<Wgpu, OpenError>> = OnceLock::new();
+    let req = required();
+    let wanted = req
+        .as_ref()
+        .is_none_or(|r| r.iter().any(|b| b.starts_with("wgpu")));
+    if !wanted {
+        return None;
+    }
+    let hardware = req
+        .as_ref()
+        .is_some_and(|r| r.iter().any(|b| b == "wgpu-hw"));
+    let must = req.is_some() || std::env::var_os("CI").is_some();
     match GPU.get_or_init(|| {
-        let g = Wgpu::new(software);
+        let g = Wgpu::new(!hardware);
         if let Ok(g) = &g {
             eprintln!("wgpu adapter: {}", g.describe());
         }
         g
     }) {
         Ok(g) => Some(g),
-        Err(e) => {
-            if std::env::var_os("CI").is_some() {
-                panic!("CI is set but no wgpu adapter could be opened: {e} (install mesa-vulkan-drivers, see scripts/setup.sh)");
-            }
+        Err(OpenError::NoAdapter(e)) if !must => {
             eprintln!("skipping: no wgpu adapter ({e})");
             None
         }
+        Err(e) => panic!(
+            "no usable wgpu adapter: {e} (in CI, install mesa-vulkan-drivers: scripts/setup.sh)"
+        ),
     }
 }
 
 #[cfg(feature = "cuda")]
 fn cuda() -> Option<&'static qemfs_gpu::Cuda> {
     static CUDA: OnceLock<Result<qemfs_gpu::Cuda, String>> = OnceLock::new();
+    let must = required().is_some_and(|r| r.iter().any(|b| b == "cuda"));
     match CUDA.get_or_init(|| {
         let c = qemfs_gpu::Cuda::new();
         if let Ok(c) = &c {
@@ -59,18 +85,15 @@ fn cuda() -> Option<&'static qemfs_gpu::Cuda> {
         c
     }) {
         Ok(c) => Some(c),
-        Err(e) => {
-            if std::env::var_os("QEMFS_GPU_HARDWARE").is_some() {
-                panic!("QEMFS_GPU_HARDWARE is set but CUDA could not be opened: {e}");
-            }
+        Err(e) if !must => {
             eprintln!("skipping CUDA: {e}");
             None
         }
+        Err(e) => panic!("QEMFS_GPU_BACKENDS names cuda but it could not be opened: {e}"),
     }
 }
 
-/// Every backend this build and machine have: wgpu (required in CI) and,
-/// with the `cuda` feature, CUDA where a driver and device exist.
+/// The backends to test (see [`required`]).
 fn backends() -> Vec<&'static dyn BlockDecoder> {
     let mut all: Vec<&'static dyn BlockDecoder> = Vec::new();
     if let Some(g) = gpu() {
@@ -79,6 +102,10 @@ fn backends() -> Vec<&'static dyn BlockDecoder> {
     #[cfg(feature = "cuda")]
     if let Some(c) = cuda() {
         all.push(c);
+    }
+    #[cfg(not(feature = "cuda"))]
+    if required().is_some_and(|r| r.iter().any(|b| b == "cuda")) {
+        panic!("QEMFS_GPU_BACKENDS names cuda but the cuda feature is not built");
     }
     all
 }
@@ -142,6 +169,8 @@ fn decoded_values_of_every_accepted_fixture_equal_the_cpu() {
                     .unwrap_or_else(|e| panic!("{name} block {b}: {e}"));
                 assert!(got == want, "{name} block {b}: GPU values differ");
             }
+            gpu.decode_blocks(f, 0..f.blocks().len())
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
         }
     }
 }
@@ -185,7 +214,23 @@ fn undecodable_fixtures_fail_with_the_cpu_error() {
                     .expect_err(name);
                 assert!(matches!(err, ReduceError::Decode(_)), "{name}: {err}");
                 assert_eq!(err.to_string(), c, "{name}");
+                let err = gpu.decode_blocks(&f, 0..f.blocks().len()).expect_err(name);
+                assert_eq!(err.to_string(), c, "{name}");
                 seen.push(name.to_string());
+            }
+            // Only the odd pixels: gathered (not consecutive) streams; the
+            // GPU fails exactly when the CPU does, with its error.
+            let odd = Request {
+                masks: vec![PixelSet::new(
+                    (0..f.pixels() as u32).filter(|p| p % 2 == 1).collect(),
+                )],
+                ..Request::default()
+            };
+            let n = f.blocks().len();
+            match (gpu.reduce(&f, 0..n, &odd), Cpu.reduce(&f, 0..n, &odd)) {
+                (Ok(g), Ok(c)) => assert!(f.codec() == Codec::Float || g == c, "{name}"),
+                (Err(g), Err(c)) => assert_eq!(g.to_string(), c.to_string(), "{name}"),
+                (g, c) => panic!("{name}: GPU {:?}, CPU {:?}", g.err(), c.err()),
             }
         }
         for must in [
@@ -439,6 +484,113 @@ fn check_partial(
     }
 }
 
+/// The frames of `blocks`.
+fn frames_of(f: &QemFile, blocks: &std::ops::Range<usize>) -> std::ops::Range<usize> {
+    if blocks.is_empty() {
+        0..0
+    } else {
+        f.blocks()[blocks.start].first_frame..f.blocks()[blocks.end - 1].frame_range().end
+    }
+}
+
+/// The GPU's partial against the CPU reference [`Cpu`]: integer products
+/// equal, float sums within the tolerance (magnitudes of the terms from
+/// the dense values), float pattern maxima equal.
+fn check_against_cpu(
+    name: &str,
+    f: &QemFile,
+    blocks: std::ops::Range<usize>,
+    req: &Request,
+    got: &Partial,
+) {
+    let cpu = Cpu
+        .reduce(f, blocks.clone(), req)
+        .unwrap_or_else(|e| panic!("{name}: CPU: {e}"));
+    if f.codec() != Codec::Float {
+        assert!(got == &cpu, "{name}: GPU and CPU partials differ");
+        return;
+    }
+    let d = dense(f, req.background.as_deref());
+    let frames = frames_of(f, &blocks);
+    let all: Vec<u32> = (0..d.pixels as u32).collect();
+    let c = d.columns;
+    let mut pairs: Vec<(String, &Values, &Values, Want)> = Vec::new();
+    assert_eq!(got.masks.len(), cpu.masks.len(), "{name}");
+    for (k, set) in req.masks.iter().enumerate() {
+        let want = weighted(&d, frames.clone(), set.pixels(), |_| 1);
+        pairs.push((format!("mask {k}"), &got.masks[k], &cpu.masks[k], want));
+    }
+    match (&got.moments, &cpu.moments) {
+        (Some(g), Some(p)) => {
+            let total = weighted(&d, frames.clone(), &all, |_| 1);
+            let row = weighted(&d, frames.clone(), &all, |p| (p / c) as u64);
+            let column = weighted(&d, frames.clone(), &all, |p| (p % c) as u64);
+            pairs.push(("total".into(), &g.total, &p.total, total));
+            pairs.push(("row".into(), &g.row, &p.row, row));
+            pairs.push(("column".into(), &g.column, &p.column, column));
+        }
+        (None, None) => {}
+        _ => panic!("{name}: moments presence differs from the CPU"),
+    }
+    match (&got.pattern, &cpu.pattern) {
+        (Some(g), Some(p)) => {
+            pairs.push((
+                "pattern sum".into(),
+                &g.sum,
+                &p.sum,
+                pattern_sum_want(&d, frames.clone()),
+            ));
+            let (Values::Float(a), Values::Float(b)) = (&g.max, &p.max) else {
+                panic!("{name}: float pattern maxima")
+            };
+            assert_eq!(a.len(), b.len(), "{name}");
+            for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                assert!(
+                    x == y || (x.is_nan() && y.is_nan()),
+                    "{name} pattern max[{i}]: GPU {x}, CPU {y}"
+                );
+            }
+        }
+        (None, None) => {}
+        _ => panic!("{name}: pattern presence differs from the CPU"),
+    }
+    for (what, g, p, want) in pairs {
+        let (Values::Float(g), Values::Float(p), Want::Float(w)) = (g, p, &want) else {
+            panic!("{name} {what}: value kinds")
+        };
+        assert_eq!(g.len(), p.len(), "{name} {what}");
+        for i in 0..g.len() {
+            let (x, y, mag) = (g[i], p[i], w[i].1);
+            let ok = if mag > f64::from(f32::MAX) && !(x.is_finite() && y.is_finite()) {
+                // Overflowing float32 partial sums depend on the order.
+                true
+            } else if y.is_nan() {
+                x.is_nan()
+            } else {
+                close(x, f64::from(y), mag)
+            };
+            assert!(ok, "{name} {what}[{i}]: GPU {x}, CPU {y} (magnitude {mag})");
+        }
+    }
+}
+
+/// Per pixel: the float64 sum over `frames` and the magnitude of its
+/// finite terms.
+fn pattern_sum_want(d: &Dense, frames: std::ops::Range<usize>) -> Want {
+    let v = d.float.as_ref().expect("float values");
+    Want::Float(
+        (0..d.pixels)
+            .map(|p| {
+                let terms = frames.clone().map(|t| f64::from(v[t * d.pixels + p]));
+                (
+                    terms.clone().sum(),
+                    terms.filter(|x| x.is_finite()).map(f64::abs).sum(),
+                )
+            })
+            .collect(),
+    )
+}
+
 /// A disk of radius `r` around the detector centre.
 fn disk(rows: usize, cols: usize, r: f64) -> PixelSet {
     let (cr, cc) = ((rows as f64 - 1.0) / 2.0, (cols as f64 - 1.0) / 2.0);
@@ -479,7 +631,8 @@ fn reductions_of_every_accepted_fixture_match_the_reference() {
                     let got = gpu
                         .reduce(&f, blocks.clone(), &req)
                         .unwrap_or_else(|e| panic!("{name}: {e}"));
-                    check_partial(&name, &f, blocks, &req, &got);
+                    check_partial(&name, &f, blocks.clone(), &req, &got);
+                    check_against_cpu(&name, &f, blocks, &req, &got);
                 }
             }
         }
@@ -617,7 +770,7 @@ fn kind_strategy() -> impl Strategy<Value = Kind> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 24,
+        cases: 32,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]
@@ -670,7 +823,8 @@ proptest! {
                 .then(|| (0..p).map(|_| (rnd() % 100) as f32 * 0.01).collect()),
         };
         let got = gpu.reduce(&f, blocks.clone(), &req).unwrap();
-        check_partial("generated", &f, blocks, &req, &got);
+        check_partial("generated", &f, blocks.clone(), &req, &got);
+        check_against_cpu("generated", &f, blocks, &req, &got);
         }
     }
 }
@@ -695,6 +849,7 @@ fn non_finite_floats_propagate_only_where_selected() {
         };
         let got = gpu.reduce(&f, 0..f.blocks().len(), &req).unwrap();
         check_partial("non-finite", &f, 0..f.blocks().len(), &req, &got);
+        check_against_cpu("non-finite", &f, 0..f.blocks().len(), &req, &got);
         let Values::Float(m0) = &got.masks[0] else {
             panic!()
         };
@@ -736,6 +891,7 @@ fn blocks_larger_than_the_scratch_buffer_are_reduced_in_passes() {
         };
         let got = gpu.reduce(&f, 0..2, &req).unwrap();
         check_partial("wide", &f, 0..2, &req, &got);
+        check_against_cpu("wide", &f, 0..2, &req, &got);
         assert!(gpu.decode_block(&f, 0).unwrap() == cpu_block(&f, 0).unwrap());
     }
 }

@@ -4,7 +4,7 @@
 use std::cell::RefCell;
 use std::process::Command;
 
-use qemfs_gpu::{select, Choice};
+use qemfs_gpu::{select, Choice, OpenError, Wgpu};
 
 fn lines_of(choice: Choice) -> (bool, Vec<String>) {
     let lines = RefCell::new(Vec::new());
@@ -64,4 +64,13 @@ fn no_adapter_means_none_and_one_line() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("1 passed"), "{text}");
+}
+
+#[test]
+fn wgpu_is_selected_whenever_an_adapter_exists() {
+    match Wgpu::new(true) {
+        Ok(_) => assert!(lines_of(Choice::Wgpu).0),
+        Err(OpenError::NoAdapter(_)) => assert!(!lines_of(Choice::Wgpu).0),
+        Err(e) => panic!("an adapter exists but cannot be used: {e}"),
+    }
 }
