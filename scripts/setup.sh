@@ -15,7 +15,9 @@ fi
 
 # The GPU tests (gpu/) run their WGSL shaders on Mesa's software Vulkan
 # (lavapipe) where there is no GPU: the Vulkan loader and Mesa's drivers.
-if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 ' \
+# (grep reads all of ldconfig's output: with -q, ldconfig could die of
+# SIGPIPE and pipefail would report the library missing.)
+if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1 ' >/dev/null \
   || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then
   sudo=""
   if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
