@@ -175,12 +175,6 @@ QEM_DEVICE float float_value(const ReduceParams &rp, const u32 *scratch, const f
     return f;
 }
 
-QEM_DEVICE u32 weight(const ReduceParams &rp, u32 mode, u32 p) {
-    if (mode == 1u) return p / rp.columns;
-    if (mode == 2u) return p % rp.columns;
-    return 1u;
-}
-
 // Kahan step; `one` (1.0 from the host) keeps the compensation from being
 // simplified away, as in reduce.wgsl (neither nvcc nor clang reassociate
 // without fast-math flags, but the kernels stay identical to the shaders).
@@ -192,6 +186,12 @@ QEM_DEVICE void kahan(float &s, float &c, float x, float one) {
     s = t;
 }
 
+QEM_DEVICE u32 slot(const ReduceParams &rp, u32 prod, u32 seg, u32 t) {
+    return 2u * ((prod * rp.segments + seg) * rp.m + t);
+}
+
+// Mode 0: a plain sum (a mask); mode 1: total, row and column moments into
+// products prod..prod+2; mode 2: filled by mode 1.
 extern "C" QEM_GLOBAL void segments(ReduceParams rp, const u32 *scratch, const u32 *lists,
                                     const u32 *descs, u32 *partials, const float *background,
                                     const u32 *pass_pixels) {
@@ -201,28 +201,52 @@ extern "C" QEM_GLOBAL void segments(ReduceParams rp, const u32 *scratch, const u
     if (t >= rp.m) return;
     u32 d = rp.desc_base + 3u * prod;
     u32 start = descs[d], count = descs[d + 1u], mode = descs[d + 2u];
+    if (mode == 2u) return;
     u32 a = seg * rp.seg_len < count ? seg * rp.seg_len : count;
     u32 b = a + rp.seg_len < count ? a + rp.seg_len : count;
-    u32 dst = 2u * ((prod * rp.segments + seg) * rp.m + t);
+    u32 d0 = slot(rp, prod, seg, t);
     if (rp.float_lanes != 0u) {
-        float s = 0.0f, c = 0.0f;
+        float s0 = 0.0f, c0 = 0.0f, s1 = 0.0f, c1 = 0.0f, s2 = 0.0f, c2 = 0.0f;
         for (u32 k = a; k < b; k++) {
             u32 jl = lists[start + k];
             u32 p = pass_pixels[rp.pixel0 + jl];
             float v = float_value(rp, scratch, background, jl, p, t);
-            kahan(s, c, mode == 0u ? v : (float)weight(rp, mode, p) * v, rp.one);
+            kahan(s0, c0, v, rp.one);
+            if (mode == 1u) {
+                kahan(s1, c1, (float)(p / rp.columns) * v, rp.one);
+                kahan(s2, c2, (float)(p % rp.columns) * v, rp.one);
+            }
         }
-        partials[dst] = as_bits(s);
-        partials[dst + 1u] = as_bits(c);
+        partials[d0] = as_bits(s0);
+        partials[d0 + 1u] = as_bits(c0);
+        if (mode == 1u) {
+            u32 d1 = slot(rp, prod + 1u, seg, t), d2 = slot(rp, prod + 2u, seg, t);
+            partials[d1] = as_bits(s1);
+            partials[d1 + 1u] = as_bits(c1);
+            partials[d2] = as_bits(s2);
+            partials[d2 + 1u] = as_bits(c2);
+        }
     } else {
-        unsigned long long s = 0ull;
+        unsigned long long s0 = 0ull, s1 = 0ull, s2 = 0ull;
         for (u32 k = a; k < b; k++) {
             u32 jl = lists[start + k];
-            u32 p = pass_pixels[rp.pixel0 + jl];
-            s += (unsigned long long)scratch[jl * rp.m + t] * weight(rp, mode, p);
+            unsigned long long v = scratch[jl * rp.m + t];
+            s0 += v;
+            if (mode == 1u) {
+                u32 p = pass_pixels[rp.pixel0 + jl];
+                s1 += v * (p / rp.columns);
+                s2 += v * (p % rp.columns);
+            }
         }
-        partials[dst] = (u32)s;
-        partials[dst + 1u] = (u32)(s >> 32);
+        partials[d0] = (u32)s0;
+        partials[d0 + 1u] = (u32)(s0 >> 32);
+        if (mode == 1u) {
+            u32 d1 = slot(rp, prod + 1u, seg, t), d2 = slot(rp, prod + 2u, seg, t);
+            partials[d1] = (u32)s1;
+            partials[d1 + 1u] = (u32)(s1 >> 32);
+            partials[d2] = (u32)s2;
+            partials[d2 + 1u] = (u32)(s2 >> 32);
+        }
     }
 }
 

@@ -43,7 +43,7 @@ struct ReduceParams {
 @group(0) @binding(1) var<storage, read> scratch: array<u32>;
 // Scratch slots, grouped per product.
 @group(0) @binding(2) var<storage, read> lists: array<u32>;
-// Per pass and product: list start, count, weight (0: 1, 1: row, 2: column).
+// Per pass and product: list start, count, mode (see `segments`).
 @group(0) @binding(3) var<storage, read> descs: array<u32>;
 @group(0) @binding(4) var<storage, read_write> partials: array<u32>;
 @group(0) @binding(5) var<storage, read_write> acc: array<u32>;
@@ -86,16 +86,6 @@ fn float_value(jl: u32, p: u32, t: u32) -> f32 {
     return f;
 }
 
-fn weight(mode: u32, p: u32) -> u32 {
-    if (mode == 1u) {
-        return p / rp.columns;
-    }
-    if (mode == 2u) {
-        return p % rp.columns;
-    }
-    return 1u;
-}
-
 // (lo, hi) + a * b for a < 2^16, b < 2^32, exactly.
 fn add_product(acc_in: vec2<u32>, a: u32, b: u32) -> vec2<u32> {
     let low = a * (b & 0xffffu);
@@ -132,8 +122,14 @@ fn kahan_merge(state: vec2<f32>, part: vec2<f32>) -> vec2<f32> {
     return kahan(vec2<f32>(state.x, state.y + part.y), part.x);
 }
 
+fn slot(prod: u32, seg: u32, t: u32) -> u32 {
+    return 2u * ((prod * rp.segments + seg) * rp.m + t);
+}
+
 // One invocation per (frame, segment, product): the sum of the segment's
-// list entries at that frame.
+// list entries at that frame. Mode 0: a plain sum (a mask). Mode 1: the
+// moments, total, row and column at once into products prod..prod+2 (so
+// the values are read once); mode 2: a product mode 1 fills.
 @compute @workgroup_size(64)
 fn segments(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.x;
@@ -146,33 +142,61 @@ fn segments(@builtin(global_invocation_id) gid: vec3<u32>) {
     let start = descs[d];
     let count = descs[d + 1u];
     let mode = descs[d + 2u];
+    if (mode == 2u) {
+        return;
+    }
     let a = min(seg * rp.seg_len, count);
     let b = min(a + rp.seg_len, count);
-    let dst = 2u * ((prod * rp.segments + seg) * rp.m + t);
     if (rp.float_lanes != 0u) {
-        var s = vec2<f32>(0.0, 0.0);
+        var s0 = vec2<f32>(0.0, 0.0);
+        var s1 = vec2<f32>(0.0, 0.0);
+        var s2 = vec2<f32>(0.0, 0.0);
         for (var k = a; k < b; k++) {
             let jl = lists[start + k];
             let p = pass_pixels[rp.pixel0 + jl];
             let v = float_value(jl, p, t);
-            if (mode == 0u) {
-                s = kahan(s, v);
-            } else {
-                s = kahan(s, f32(weight(mode, p)) * v);
+            s0 = kahan(s0, v);
+            if (mode == 1u) {
+                s1 = kahan(s1, f32(p / rp.columns) * v);
+                s2 = kahan(s2, f32(p % rp.columns) * v);
             }
         }
-        partials[dst] = bitcast<u32>(s.x);
-        partials[dst + 1u] = bitcast<u32>(s.y);
+        let dst = slot(prod, seg, t);
+        partials[dst] = bitcast<u32>(s0.x);
+        partials[dst + 1u] = bitcast<u32>(s0.y);
+        if (mode == 1u) {
+            let d1 = slot(prod + 1u, seg, t);
+            partials[d1] = bitcast<u32>(s1.x);
+            partials[d1 + 1u] = bitcast<u32>(s1.y);
+            let d2 = slot(prod + 2u, seg, t);
+            partials[d2] = bitcast<u32>(s2.x);
+            partials[d2 + 1u] = bitcast<u32>(s2.y);
+        }
     } else {
-        var s = vec2<u32>(0u, 0u);
+        var s0 = vec2<u32>(0u, 0u);
+        var s1 = vec2<u32>(0u, 0u);
+        var s2 = vec2<u32>(0u, 0u);
         for (var k = a; k < b; k++) {
             let jl = lists[start + k];
-            let p = pass_pixels[rp.pixel0 + jl];
             let v = code(jl, t);
-            s = add_product(s, v, weight(mode, p));
+            s0 = add_u64(s0, vec2<u32>(v, 0u));
+            if (mode == 1u) {
+                let p = pass_pixels[rp.pixel0 + jl];
+                s1 = add_product(s1, v, p / rp.columns);
+                s2 = add_product(s2, v, p % rp.columns);
+            }
         }
-        partials[dst] = s.x;
-        partials[dst + 1u] = s.y;
+        let dst = slot(prod, seg, t);
+        partials[dst] = s0.x;
+        partials[dst + 1u] = s0.y;
+        if (mode == 1u) {
+            let d1 = slot(prod + 1u, seg, t);
+            partials[d1] = s1.x;
+            partials[d1 + 1u] = s1.y;
+            let d2 = slot(prod + 2u, seg, t);
+            partials[d2] = s2.x;
+            partials[d2 + 1u] = s2.y;
+        }
     }
 }
 

@@ -29,12 +29,16 @@ pub const PARTIAL_LIMIT: usize = 32 << 20;
 /// Fault records the decode shader keeps.
 pub const MAX_FAULTS: usize = 64;
 
-/// Weight of a product's list entries.
+/// How a product's list is summed (`segments` in the kernels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Weight {
+    /// A plain sum: a mask.
     One = 0,
-    Row = 1,
-    Column = 2,
+    /// Total, row and column moments at once, into this product and the
+    /// next two (whose lists are empty).
+    Moments = 1,
+    /// Filled by the preceding [`Weight::Moments`] product.
+    WithMoments = 2,
 }
 
 /// What a file's stored values are.
@@ -74,7 +78,7 @@ pub struct Pass {
     /// True when the pixels are consecutive detector pixels (their streams
     /// are one span of the payload).
     pub contiguous: bool,
-    /// Per product: (start in `Plan::lists`, count, weight); list entries
+    /// Per product: (start in `Plan::lists`, count, mode); list entries
     /// are scratch slots.
     pub descs: Vec<[u32; 3]>,
 }
@@ -131,9 +135,9 @@ impl Products {
             union
         };
         if request.moments {
-            lists.push((all.clone(), Weight::One));
-            lists.push((all.clone(), Weight::Row));
-            lists.push((all, Weight::Column));
+            lists.push((all, Weight::Moments));
+            lists.push((Vec::new(), Weight::WithMoments));
+            lists.push((Vec::new(), Weight::WithMoments));
         }
         Ok(Products {
             lists,
