@@ -1,14 +1,16 @@
 //! The wgpu backend: WGSL compute shaders over Vulkan (or GL), tested on
 //! Mesa's software Vulkan (lavapipe).
 //!
-//! A block's encoded arrays are uploaded as stored (payload span, u32
-//! offsets, selector bytes); `decode.wgsl` decodes one stream per
-//! invocation into a scratch buffer of at most 32 MiB that is reused pass
-//! after pass, and `reduce.wgsl` reduces it there. The whole cube is never
-//! expanded on the device. Integer products are exact (u64 as u32 pairs);
-//! float products are Kahan-compensated float32 in an order that differs
-//! from the CPU's, so they agree with the CPU reference within
-//! rtol = atol = 1e-6 of the magnitude (spec §13), not bit for bit.
+//! The streams a request needs are uploaded as stored: for consecutive
+//! pixels one span of the chunk's payload with its u32 offsets and selector
+//! bytes, for a sparse set of pixels (a mask alone) those streams gathered
+//! on the host. `decode.wgsl` decodes one stream per invocation into a
+//! scratch buffer of at most 32 MiB that is reused pass after pass, and
+//! `reduce.wgsl` reduces it there; the whole cube is never expanded on the
+//! device. Integer products are exact (u64 as u32 pairs); float products
+//! are Kahan-compensated float32 in an order that differs from the CPU's,
+//! so they agree with the CPU reference within the tolerance documented in
+//! the crate root, not bit for bit.
 
 use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex};
