@@ -6,6 +6,7 @@
 
 pub mod cache;
 pub mod export;
+pub mod mapguard;
 pub mod npy;
 pub mod publish;
 pub mod qem;

@@ -196,3 +196,45 @@ proptest! {
         read_everything(bytes);
     }
 }
+
+#[test]
+fn a_file_changed_during_validation_is_reported_as_changed() {
+    use qemfs::qem::write::{
+        encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec,
+    };
+    use qemfs::qem::{validate_path, ErrorKind, ValidationLevel};
+    let shape = [16u64, 16, 64, 64];
+    let dense: Vec<u8> = (0..16 * 16 * 64 * 64u32)
+        .flat_map(|i| ((i.wrapping_mul(2_654_435_761) >> 28) as u16).to_le_bytes())
+        .collect();
+    let spec = WriteSpec::counts(
+        shape,
+        CountDtype::U16,
+        scientific_metadata(shape, &Calibration::default()).unwrap(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("moving.qem");
+    std::fs::write(&path, encode_to_vec(spec, &dense).unwrap()).unwrap();
+    assert!(validate_path(&path, ValidationLevel::Full).is_ok());
+
+    // Touch the file until validation returns: it changed while being read.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let verdict = std::thread::scope(|s| {
+        let check = s.spawn(|| {
+            let v = validate_path(&path, ValidationLevel::Full);
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            v
+        });
+        let file = std::fs::File::options().write(true).open(&path).unwrap();
+        let mut k = 0u64;
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            k += 1;
+            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + k);
+            file.set_modified(t).unwrap();
+        }
+        check.join().unwrap()
+    });
+    let err = verdict.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Changed, "{err}");
+    assert!(err.to_string().contains("retry with a stable copy"));
+}

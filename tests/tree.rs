@@ -508,3 +508,41 @@ fn given_geometry_is_used_and_reported() {
         ring_sums(&counts, 64, [10.0, 12.0], f64::NEG_INFINITY, 16.0)
     );
 }
+
+#[test]
+fn a_source_truncated_while_open_gives_an_error_not_a_crash() {
+    qemfs::mapguard::install();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.qem");
+    fs::copy(examples().join("scan-u16.qem"), &path).unwrap();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let Node::File(data, _) = tree.resolve("big.qem/data.npy").unwrap() else {
+        panic!("data.npy is a file")
+    };
+    let Node::File(bf, _) = tree.resolve("big.qem/virtual/bf.npy").unwrap() else {
+        panic!("bf.npy is a file")
+    };
+    let mut buf = vec![0u8; 1 << 16];
+    assert!(data.read_at(0, &mut buf).is_ok());
+    let len = fs::metadata(&path).unwrap().len();
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len / 3)
+        .unwrap();
+    // Blocks in the truncated part: an error, never garbage or a crash.
+    let last = data.size() - 4096;
+    let got = data.read_at(last, &mut buf);
+    assert!(got.is_err(), "{got:?}");
+    assert!(bf.read_at(0, &mut buf).is_err());
+    // The tree notices the change and shows the file as it is now.
+    let node = tree.resolve("big.qem").unwrap();
+    let names: Vec<String> = tree
+        .list(&node)
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["ERROR.txt"]);
+}

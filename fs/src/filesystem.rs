@@ -9,9 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo,
+    Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags,
     KernelConfig, LockOwner, OpenAccMode, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory,
-    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
+    ReplyDirectoryPlus, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyXattr, Request,
 };
 
 use qemfs::tree::{Attr, Content, Node, Tree, TreeError};
@@ -57,8 +57,10 @@ impl Inodes {
 
 /// An open directory: its listing, taken once at opendir so that paging
 /// through a large folder (the frames of a big scan) is linear.
+/// A directory's entries as of `opendir`, with their attributes (served
+/// by readdirplus, so `ls -l` needs no lookup per entry).
 struct DirListing {
-    entries: Vec<(u64, FileType, String)>,
+    entries: Vec<(u64, Attr, String)>,
 }
 
 pub struct QemFs {
@@ -82,7 +84,10 @@ fn errno(e: &TreeError) -> Errno {
         TreeError::NotFound(_) => Errno::ENOENT,
         TreeError::NotADirectory(_) => Errno::ENOTDIR,
         TreeError::IsADirectory(_) => Errno::EISDIR,
-        TreeError::Decode { .. } | TreeError::Io { .. } | TreeError::Internal(_) => Errno::EIO,
+        TreeError::Decode { .. }
+        | TreeError::Io { .. }
+        | TreeError::Internal(_)
+        | TreeError::SourceChanged => Errno::EIO,
     }
 }
 
@@ -180,6 +185,9 @@ impl Filesystem for QemFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         // Large readahead: decoded arrays are read sequentially in bulk.
         let _ = config.set_max_readahead(1 << 20);
+        // Listings carry attributes: `ls -l` of a container of thousands
+        // of frames then costs one request per page, not one per entry.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
         Ok(())
     }
 
@@ -293,19 +301,15 @@ impl Filesystem for QemFs {
                 .copied()
                 .unwrap_or(ROOT)
         };
+        let own = self.tree.attr(&node);
         let mut entries = vec![
-            (ino.0, FileType::Directory, ".".to_string()),
-            (parent_ino, FileType::Directory, "..".to_string()),
+            (ino.0, own, ".".to_string()),
+            (parent_ino, own, "..".to_string()),
         ];
         {
             let mut inodes = lock(&self.inodes);
             for (name, attr) in listing {
-                let kind = if attr.is_dir {
-                    FileType::Directory
-                } else {
-                    FileType::RegularFile
-                };
-                entries.push((inodes.ino_of(&join(&path, &name)), kind, name));
+                entries.push((inodes.ino_of(&join(&path, &name)), attr, name));
             }
         }
         let fh = self.handle();
@@ -324,8 +328,40 @@ impl Filesystem for QemFs {
         let Some(listing) = lock(&self.dirs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
-        for (i, (ino, kind, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
-            if reply.add(INodeNo(*ino), (i + 1) as u64, *kind, name) {
+        for (i, (ino, attr, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
+            let kind = if attr.is_dir {
+                FileType::Directory
+            } else {
+                FileType::RegularFile
+            };
+            if reply.add(INodeNo(*ino), (i + 1) as u64, kind, name) {
+                break;
+            }
+        }
+        reply.ok();
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let Some(listing) = lock(&self.dirs).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
+        };
+        for (i, (ino, attr, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
+            let attr = self.file_attr(*ino, attr);
+            if reply.add(
+                INodeNo(*ino),
+                (i + 1) as u64,
+                name,
+                &TTL,
+                &attr,
+                Generation(0),
+            ) {
                 break;
             }
         }
@@ -351,12 +387,12 @@ impl Filesystem for QemFs {
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let value = match self.node(ino.0) {
-            Ok((_, Node::Dir(d, _))) => d
-                .xattrs()
+            Ok((path, _)) => self
+                .tree
+                .xattrs(&path)
                 .into_iter()
                 .find(|(k, _)| OsStr::new(k) == name)
                 .map(|(_, v)| v),
-            Ok(_) => None,
             Err(e) => return reply.error(e),
         };
         match value {
@@ -369,12 +405,12 @@ impl Filesystem for QemFs {
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let names: Vec<u8> = match self.node(ino.0) {
-            Ok((_, Node::Dir(d, _))) => d
-                .xattrs()
+            Ok((path, _)) => self
+                .tree
+                .xattrs(&path)
                 .into_iter()
                 .flat_map(|(k, _)| k.into_bytes().into_iter().chain([0]))
                 .collect(),
-            Ok(_) => Vec::new(),
             Err(e) => return reply.error(e),
         };
         if size == 0 {

@@ -235,6 +235,8 @@ fn block_signals() -> libc::sigset_t {
 }
 
 fn run_daemon(args: &MountArgs) -> Result<(), String> {
+    // A source truncated while mounted must give EIO, not end the daemon.
+    qemfs::mapguard::install();
     let ready = args.ready_fd.map(|fd| {
         // SAFETY: the descriptor was handed to us by the parent for this.
         unsafe { std::fs::File::from_raw_fd(fd) }

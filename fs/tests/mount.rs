@@ -222,10 +222,27 @@ fn mounted_files_equal_qem_cat_and_the_reference_arrays() {
             );
         }
     }
-    assert_eq!(
-        fs::read(m.path("u16-invalid-mask-33x40.qem/virtual/sum.npy")).unwrap(),
-        qem_cat(&m.src.join("u16-invalid-mask-33x40.qem"), "virtual/sum.npy")
-    );
+    for name in [
+        "u16-invalid-mask-33x40",
+        "f32-special-128x128",
+        "scaled-three-regions-9x9",
+    ] {
+        let source = m.src.join(format!("{name}.qem"));
+        let mut rels: Vec<String> = fs::read_dir(m.path(&format!("{name}.qem/virtual")))
+            .unwrap()
+            .map(|e| format!("virtual/{}", e.unwrap().file_name().to_string_lossy()))
+            .collect();
+        assert!(rels.len() >= 17, "{name}: {rels:?}");
+        rels.push("virtual/disk-3-4-2.5.npy".into());
+        rels.push("virtual/annulus-3-4-1-6.png".into());
+        for rel in rels {
+            assert_eq!(
+                fs::read(m.path(&format!("{name}.qem/{rel}"))).unwrap(),
+                qem_cat(&source, &rel),
+                "{name}/{rel}"
+            );
+        }
+    }
     assert_eq!(
         fs::read(m.path("README.txt")).unwrap(),
         b"not a container\n"
@@ -327,6 +344,18 @@ for name in ["u16-invalid-mask-33x40", "f32-special-128x128", "scaled-three-regi
     assert (f.view(np.uint8) == b[0, 1].view(np.uint8)).all(), name
 s = np.load(f"{{mnt}}/u16-invalid-mask-33x40.qem/virtual/sum.npy")
 assert s.shape == (2, 3)
+import json
+v = f"{{mnt}}/u8-two-block-chunks.qem/virtual"
+d = json.load(open(f"{{v}}/detectors.json"))
+a = np.load(f"{{mnt}}/u8-two-block-chunks.qem/data.npy")
+rr, cc = np.mgrid[0:a.shape[2], 0:a.shape[3]]
+cy, cx = d["center"]
+r = d["bright_field_radius"]
+disk = (rr - cy) ** 2 + (cc - cx) ** 2 <= r * r
+bf = np.load(f"{{v}}/bf.npy")
+assert bf.dtype == np.float32 and bf.shape == a.shape[:2]
+assert (bf == a[..., disk].astype(np.uint64).sum(-1).astype(np.float32)).all()
+assert (np.load(f"{{v}}/max_dp.npy") == a.max(axis=(0, 1))).all()
 print("ok")
 "#,
         mnt = m.mnt.to_string_lossy(),
@@ -384,6 +413,18 @@ fn xattrs_describe_containers() {
         Some(state.trim().to_string())
     );
     assert_eq!(get("README.txt", "user.qem.codec"), None);
+    // Files and folders inside a container carry its attributes.
+    for rel in ["data.npy", "virtual/bf.npy", "frames/0"] {
+        assert_eq!(
+            get(&format!("f32-special-128x128.qem/{rel}"), "user.qem.codec").as_deref(),
+            Some("float32-bit-lanes-rans-v1"),
+            "{rel}"
+        );
+    }
+    assert_eq!(
+        get("nested/emb.semq/ids.txt", "user.semq.state_id"),
+        Some(state.trim().to_string())
+    );
 }
 
 #[test]

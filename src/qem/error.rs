@@ -78,6 +78,7 @@ pub enum ErrorKind {
     SpatialIndex,
     Calibration,
     OutOfRange,
+    Changed,
 }
 
 /// Where in the file a stream lives.
@@ -203,6 +204,9 @@ pub enum QemError {
         index: usize,
         limit: usize,
     },
+
+    #[error("QEM file changed during validation; retry with a stable copy")]
+    Changed,
 }
 
 impl From<std::io::Error> for QemError {
@@ -240,13 +244,17 @@ impl QemError {
             QemError::SpatialIndex { .. } => ErrorKind::SpatialIndex,
             QemError::Calibration { .. } => ErrorKind::Calibration,
             QemError::OutOfRange { .. } => ErrorKind::OutOfRange,
+            QemError::Changed => ErrorKind::Changed,
         }
     }
 
     /// True when the file itself is at fault (as opposed to I/O or a caller
     /// asking for something out of range): a mount answers `EIO` for these.
     pub fn is_corrupt_data(&self) -> bool {
-        !matches!(self.kind(), ErrorKind::Io | ErrorKind::OutOfRange)
+        !matches!(
+            self.kind(),
+            ErrorKind::Io | ErrorKind::OutOfRange | ErrorKind::Changed
+        )
     }
 
     pub(crate) fn header(field: impl Into<String>, reason: impl Into<String>) -> Self {

@@ -11,6 +11,8 @@ use std::path::Path;
 use std::sync::OnceLock;
 
 use memmap2::Mmap;
+
+use crate::mapguard::Mapping;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
@@ -26,7 +28,7 @@ use super::spatial::{self, Tile};
 use super::stream::StreamTable;
 
 enum Source {
-    Mapped(Mmap),
+    Mapped(Mapping),
     Owned(Vec<u8>),
 }
 
@@ -127,11 +129,12 @@ impl QemFile {
     /// Opens and memory-maps `path`, checking everything but the body.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let file = File::open(path)?;
-        // SAFETY: the map is read-only. A file truncated or rewritten by
-        // another process while mapped is outside this reader's control;
-        // the format's writers never modify a published file in place.
+        // SAFETY: the map is read-only. A file truncated by another process
+        // while mapped faults on access: `mapguard` (when installed) turns
+        // that into zeros and a fault count its callers check; the
+        // format's writers never modify a published file in place.
         let map = unsafe { Mmap::map(&file)? };
-        Self::from_source(Source::Mapped(map))
+        Self::from_source(Source::Mapped(Mapping::new(map)))
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).

@@ -15,6 +15,7 @@ use super::error::Result;
 use super::file::QemFile;
 use super::header::Codec;
 use super::metadata::Schema;
+use super::QemError;
 
 /// How much to check.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -137,9 +138,26 @@ impl QemFile {
     }
 }
 
-/// Opens and validates `path`.
+/// The identity of a file on disk, compared before and after validation.
+fn identity(path: &Path) -> Option<(u64, u64, u64, Option<std::time::SystemTime>)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino(), m.len(), m.modified().ok()))
+}
+
+/// Opens and validates `path`. A file replaced, resized or touched while it
+/// was being validated (or truncated under the map, see
+/// [`crate::mapguard`]) fails with [`QemError::Changed`] whatever else was
+/// found: its verdict would describe no stable file (§10 step 17).
 pub fn validate_path(path: impl AsRef<Path>, level: ValidationLevel) -> Result<ValidationReport> {
-    QemFile::open(path)?.validate(level)
+    let path = path.as_ref();
+    let before = identity(path);
+    let faults = crate::mapguard::faults();
+    let verdict = QemFile::open(path).and_then(|f| f.validate(level));
+    if before.is_some() && (identity(path) != before || crate::mapguard::faults() != faults) {
+        return Err(QemError::Changed);
+    }
+    verdict
 }
 
 /// Validates a file held in memory.

@@ -26,7 +26,7 @@ pub(crate) const CONTENT_START: usize = 4 + 2;
 
 pub(crate) enum Image {
     Owned(Vec<u8>),
-    Mapped(memmap2::Mmap),
+    Mapped(crate::mapguard::Mapping),
 }
 
 impl Image {

@@ -73,8 +73,8 @@ impl Encoding {
             ));
         }
         // SAFETY: the map is read-only and only ever read through slices;
-        // the documented contract is that the file is not modified while
-        // mapped (a truncation could otherwise fault on access).
+        // a truncation while mapped faults on access, which `mapguard`
+        // (when installed) absorbs and counts.
         let map = match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
             Ok(map) => map,
             // Some filesystems and special files cannot be mapped: read them.
@@ -91,6 +91,7 @@ impl Encoding {
                 ));
             }
         };
+        let map = crate::mapguard::Mapping::new(map);
         let (layout, manifest, content, state) = validate(&map, progress)?;
         Ok(Encoding::from_parts(
             Image::Mapped(map),

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use super::TreeError;
+use crate::mapguard;
 
 /// A virtual file: its size is fixed when the node is created (from
 /// headers, never by decoding), and `read_at` fills `buf` from `offset`.
@@ -77,7 +78,11 @@ impl Lazy {
         if let Some(v) = self.value.get() {
             return Ok(v);
         }
+        let faults = mapguard::faults();
         let bytes = (self.produce)()?;
+        if mapguard::faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
         if bytes.len() as u64 != self.size {
             // The announced size is a promise to every reader already
             // holding it; breaking it silently would corrupt their copy.

@@ -47,6 +47,9 @@ pub enum TreeError {
     Io { path: PathBuf, reason: String },
     #[error("internal error: {0}")]
     Internal(String),
+    /// A memory-mapped source was truncated while being read (EIO).
+    #[error("{}", crate::mapguard::CHANGED)]
+    SourceChanged,
 }
 
 /// Cache key of a decoded block: which opening of which file, which block,
@@ -226,6 +229,25 @@ impl Tree {
             opened: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
         }
+    }
+
+    /// Extended attributes of `path`: a container's (`user.qem.*`,
+    /// `user.semq.*`) on the container and on everything inside it.
+    pub fn xattrs(&self, path: &str) -> Vec<(String, Vec<u8>)> {
+        let mut prefix = String::new();
+        for part in path.split('/').filter(|p| !p.is_empty()) {
+            if !prefix.is_empty() {
+                prefix.push('/');
+            }
+            prefix.push_str(part);
+            if format_of(part).is_some() {
+                return match self.resolve(&prefix) {
+                    Ok(Node::Dir(d, _)) => d.xattrs(),
+                    _ => Vec::new(),
+                };
+            }
+        }
+        Vec::new()
     }
 
     pub fn root(&self) -> &Path {

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 
 use crate::export::tiff::{Sample, TiffLayout};
+use crate::mapguard;
 use crate::npy::{self, DType};
 use crate::qem::checksum::{self, hex};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -64,6 +65,7 @@ impl QemView {
             codes,
         };
         self.cache.get_or_load(&key, || {
+            let faults = mapguard::faults();
             let info = self
                 .file
                 .blocks()
@@ -82,6 +84,9 @@ impl QemView {
                     .map_err(|e| self.decode_error(e))?;
                 out
             };
+            if mapguard::faults() != faults {
+                return Err(self.decode_error(mapguard::CHANGED));
+            }
             Ok(Arc::new(bytes))
         })
     }

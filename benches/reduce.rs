@@ -1,0 +1,148 @@
+//! Speed of the reductions behind `virtual/` (CPU reference): plain timing
+//! program (`harness = false`).
+//!
+//! Run: `cargo bench --bench reduce` (optionally `-- SCANS_SIDE DET_SIDE`,
+//! default 64 and 128). Input: a synthetic low-dose uint16 acquisition
+//! (Poisson counts, a bright disk of radius 0.16 × detector that moves
+//! slightly with the scan, a weak diffuse halo), written in memory with the
+//! library's writer. Each figure is the best of three runs.
+
+use std::time::{Duration, Instant};
+
+use qemfs::qem::write::{encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec};
+use qemfs::qem::QemFile;
+use qemfs::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
+use qemfs::reduce::{Cpu, Reducer};
+
+struct Rng(u64);
+
+impl Rng {
+    fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn poisson(&mut self, mean: f64) -> u16 {
+        let l = (-mean).exp();
+        let (mut k, mut p) = (0u16, 1.0);
+        loop {
+            p *= self.unit();
+            if p <= l {
+                return k;
+            }
+            k += 1;
+        }
+    }
+}
+
+fn acquisition(scan: usize, det: usize) -> Vec<u8> {
+    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let c = det as f64 / 2.0 - 0.5;
+    let radius = det as f64 * 0.16;
+    let mut out = Vec::with_capacity(scan * scan * det * det * 2);
+    for row in 0..scan {
+        for col in 0..scan {
+            let (dy, dx) = (
+                1.5 * (row as f64 * 0.4).sin(),
+                1.5 * (col as f64 * 0.3).cos(),
+            );
+            for r in 0..det {
+                for q in 0..det {
+                    let d = ((r as f64 - c - dy).powi(2) + (q as f64 - c - dx).powi(2)).sqrt();
+                    let mean = if d <= radius {
+                        3.0
+                    } else {
+                        0.02 + 0.5 / (1.0 + (d - radius).powi(2))
+                    };
+                    out.extend_from_slice(&rng.poisson(mean).to_le_bytes());
+                }
+            }
+        }
+    }
+    out
+}
+
+fn best<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
+    let mut best = Duration::MAX;
+    let mut out = None;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let v = f();
+        best = best.min(t.elapsed());
+        out = Some(v);
+    }
+    (best, out.expect("ran"))
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let scan = args.first().copied().unwrap_or(64);
+    let det = args.get(1).copied().unwrap_or(128);
+    let shape = [scan as u64, scan as u64, det as u64, det as u64];
+    let dense = acquisition(scan, det);
+    let spec = WriteSpec::counts(
+        shape,
+        CountDtype::U16,
+        scientific_metadata(shape, &Calibration::default()).expect("metadata"),
+    );
+    let file = QemFile::from_bytes(encode_to_vec(spec, &dense).expect("writes")).expect("opens");
+    let samples = (scan * scan * det * det) as f64;
+    println!(
+        "{scan}x{scan} scans x {det}x{det} uint16 ({:.0} MB decoded), {} threads",
+        dense.len() as f64 / 1e6,
+        rayon::current_num_threads()
+    );
+    let reducer = Reducer::new(&file, &Cpu).expect("reducer");
+
+    let (t, _) = best(|| {
+        let mut out = vec![0u8; dense.len()];
+        file.read_all(&mut out).expect("decodes");
+    });
+    println!(
+        "whole-array decode (reference)  {:8.1} ms  {:.3} G samples/s",
+        t.as_secs_f64() * 1e3,
+        samples / t.as_secs_f64() / 1e9
+    );
+    let (t, geometry) =
+        best(|| Geometry::resolve(&reducer, &DetectorOptions::default()).expect("geometry"));
+    println!(
+        "find the disk (4 sampled blocks) {:8.1} ms  centre ({:.2}, {:.2}) radius {:.2}",
+        t.as_secs_f64() * 1e3,
+        geometry.center[0],
+        geometry.center[1],
+        geometry.bf_radius
+    );
+    let masks = geometry.masks();
+    let decoded: usize = masks.iter().map(|m| m.len()).sum();
+    let (t, _) = best(|| reducer.images(&masks).expect("images"));
+    println!(
+        "bf+abf+adf+haadf images          {:8.1} ms  ({decoded} mask pixels; tiles from the index)",
+        t.as_secs_f64() * 1e3
+    );
+    let (t, _) = best(|| reducer.images(&masks[..1]).expect("bf"));
+    println!(
+        "bf image alone                   {:8.1} ms",
+        t.as_secs_f64() * 1e3
+    );
+    let small = mask(
+        [det, det],
+        [det as f64 * 0.3, det as f64 * 0.6],
+        Shape::Disk { radius: 4.0 },
+    );
+    let (t, _) = best(|| reducer.images(std::slice::from_ref(&small)).expect("disk"));
+    println!(
+        "custom disk r=4 ({} pixels)       {:8.1} ms",
+        small.len(),
+        t.as_secs_f64() * 1e3
+    );
+    let (t, _) = best(|| reducer.full().expect("full"));
+    println!(
+        "com + mean_dp + max_dp (one pass) {:7.1} ms  {:.3} G samples/s",
+        t.as_secs_f64() * 1e3,
+        samples / t.as_secs_f64() / 1e9
+    );
+}

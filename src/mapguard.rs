@@ -1,0 +1,157 @@
+//! Memory-mapped files that another process truncates must not kill us.
+//!
+//! Reading a page of a mapping past the new end of its file raises SIGBUS,
+//! whose default action ends the process: one user truncating one file
+//! would take down a whole mount. [`install`] sets a SIGBUS handler that,
+//! for an address inside a registered mapping ([`Mapping`]), maps a page of
+//! zeros over the faulting page, counts the event and lets the read go on;
+//! any other SIGBUS keeps its default action. The reader then decodes
+//! zeros, which is why callers compare [`faults`] before and after work on
+//! a mapped file and report the file as changed when the count moved
+//! (the `.qem` and `.semq` readers also check sizes and checksums, but a
+//! verified block is not hashed twice).
+//!
+//! Registration uses a fixed table of atomics, the only state a signal
+//! handler may touch; when it is full, further mappings are simply not
+//! guarded.
+
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Once;
+
+const SLOTS: usize = 4096;
+
+/// `(start, length)` of registered mappings; start 0 = free slot.
+static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static LENGTHS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static FAULTS: AtomicU64 = AtomicU64::new(0);
+static PAGE: AtomicUsize = AtomicUsize::new(4096);
+static INSTALL: Once = Once::new();
+
+/// What callers report when [`faults`] moved during their work.
+pub const CHANGED: &str = "the source file changed (truncated?) while it was read; reopen it";
+
+/// The number of SIGBUS faults absorbed so far (in any mapping).
+pub fn faults() -> u64 {
+    FAULTS.load(Ordering::SeqCst)
+}
+
+/// Installs the handler (once per process). Binaries that serve mapped
+/// files to others (the mount, `qem cat`) call this at start-up.
+pub fn install() {
+    INSTALL.call_once(|| {
+        // SAFETY: sysconf has no preconditions; sigaction gets a zeroed,
+        // fully initialised struct and a handler with the SA_SIGINFO
+        // signature.
+        unsafe {
+            let page = libc::sysconf(libc::_SC_PAGESIZE);
+            if page > 0 {
+                PAGE.store(page as usize, Ordering::SeqCst);
+            }
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = on_sigbus as *const () as usize;
+            action.sa_flags = libc::SA_SIGINFO;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
+        }
+    });
+}
+
+extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
+    let addr = unsafe { (*info).si_addr() } as usize;
+    let inside = (0..SLOTS).any(|i| {
+        let start = STARTS[i].load(Ordering::SeqCst);
+        start != 0 && addr >= start && addr - start < LENGTHS[i].load(Ordering::SeqCst)
+    });
+    // SAFETY: mmap and signal are plain system calls (async-signal-safe on
+    // Linux). MAP_FIXED replaces exactly one page of a mapping we own
+    // and that stays registered until it is unmapped.
+    unsafe {
+        if inside {
+            let page = PAGE.load(Ordering::SeqCst);
+            let at = addr & !(page - 1);
+            let zeros = libc::mmap(
+                at as *mut libc::c_void,
+                page,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                -1,
+                0,
+            );
+            if zeros != libc::MAP_FAILED {
+                FAULTS.fetch_add(1, Ordering::SeqCst);
+                return;
+            }
+        }
+        // Not ours (or unfixable): the default action on the retried access.
+        libc::signal(libc::SIGBUS, libc::SIG_DFL);
+    }
+}
+
+/// A read-only memory map registered with the guard for its lifetime.
+pub struct Mapping {
+    slot: Option<usize>,
+    map: memmap2::Mmap,
+}
+
+impl Mapping {
+    pub fn new(map: memmap2::Mmap) -> Self {
+        let (start, len) = (map.as_ptr() as usize, map.len());
+        let slot = (start != 0 && len != 0)
+            .then(|| {
+                // Reserve a free slot (usize::MAX matches no address), set
+                // its length, then publish the start.
+                let i = (0..SLOTS).find(|&i| {
+                    STARTS[i]
+                        .compare_exchange(0, usize::MAX, Ordering::SeqCst, Ordering::SeqCst)
+                        .is_ok()
+                })?;
+                LENGTHS[i].store(len, Ordering::SeqCst);
+                STARTS[i].store(start, Ordering::SeqCst);
+                Some(i)
+            })
+            .flatten();
+        Mapping { slot, map }
+    }
+}
+
+impl Deref for Mapping {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.map
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // Unregister before the map is unmapped (fields drop after this).
+        if let Some(i) = self.slot {
+            STARTS[i].store(0, Ordering::SeqCst);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_truncated_mapping_reads_zeros_instead_of_killing_the_process() {
+        install();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        let page = PAGE.load(Ordering::SeqCst);
+        file.write_all(&vec![7u8; 4 * page]).unwrap();
+        file.flush().unwrap();
+        // SAFETY: the test owns the file.
+        let map = Mapping::new(unsafe { memmap2::Mmap::map(file.as_file()).unwrap() });
+        assert_eq!(map[3 * page], 7);
+        file.as_file().set_len(page as u64).unwrap();
+        let before = faults();
+        let tail: u64 = map[2 * page..].iter().map(|&b| u64::from(b)).sum();
+        assert_eq!(tail, 0);
+        assert!(faults() > before);
+        assert_eq!(map[0], 7);
+    }
+}
