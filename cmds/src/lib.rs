@@ -6,6 +6,7 @@
 pub mod argparse;
 pub mod detector_args;
 pub mod exit;
+pub mod gpu_args;
 pub mod manpages;
 pub mod out;
 pub mod progress;

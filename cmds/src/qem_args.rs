@@ -2,6 +2,7 @@
 //! and from which the man pages and shell completions are generated.
 
 use crate::detector_args::DetectorArgs;
+use crate::gpu_args::GpuArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
@@ -59,6 +60,8 @@ pub struct ShowArgs {
     /// Print the full header and the computed summary as JSON
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 }
 
 #[derive(Debug, Args)]
@@ -141,6 +144,8 @@ pub struct LsArgs {
     pub long: bool,
     #[command(flatten)]
     pub detectors: DetectorArgs,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 }
 
 #[derive(Debug, Args)]
@@ -151,6 +156,8 @@ pub struct CatArgs {
     pub path: String,
     #[command(flatten)]
     pub detectors: DetectorArgs,
+    #[command(flatten)]
+    pub gpu: GpuArgs,
 }
 
 #[derive(Debug, Args)]

@@ -447,3 +447,44 @@ fn a_closed_pipe_ends_quietly() {
     assert_eq!(text(&out.stdout).trim(), "0");
     assert_eq!(text(&out.stderr), "");
 }
+
+#[test]
+fn the_gpu_flag_picks_a_backend_that_agrees_with_the_cpu() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/scan-u16.qem");
+    let cat = |gpu: &str, path: &str| {
+        let out = qem()
+            .args(["cat", "--gpu", gpu])
+            .arg(&file)
+            .arg(path)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        out.stdout
+    };
+    let info: Value = serde_json::from_slice(&cat("off", "info.json")).unwrap();
+    assert_eq!(info["reductions_backend"], "cpu");
+    let info: Value = serde_json::from_slice(&cat("wgpu", "info.json")).unwrap();
+    let backend = info["reductions_backend"].as_str().unwrap().to_string();
+    // CI installs Mesa's software Vulkan, so wgpu must be there.
+    if std::env::var_os("CI").is_some() {
+        assert_eq!(backend, "wgpu");
+    }
+    // Counts: every product is exact, so the bytes are identical.
+    for path in [
+        "virtual/bf.npy",
+        "virtual/haadf.npy",
+        "virtual/com_row.npy",
+        "virtual/mean_dp.npy",
+        "virtual/max_dp.npy",
+        "virtual/disk-20-30-6.npy",
+    ] {
+        assert_eq!(cat("wgpu", path), cat("off", path), "{path} on {backend}");
+    }
+    let bad = qem()
+        .args(["cat", "--gpu", "quantum"])
+        .arg(&file)
+        .arg("info.json")
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+}

@@ -22,6 +22,7 @@ use clap::{Parser, Subcommand};
 
 use qemfs::tree::{Tree, TreeOptions};
 use qemfs_cmds::detector_args::DetectorArgs;
+use qemfs_cmds::gpu_args::GpuArgs;
 
 /// Readahead for the mount: whole decoded arrays are read sequentially.
 const READAHEAD_KIB: u32 = 8192;
@@ -72,6 +73,8 @@ struct MountArgs {
     workers: usize,
     #[command(flatten)]
     detectors: DetectorArgs,
+    #[command(flatten)]
+    gpu: GpuArgs,
     /// Internal: the daemon reports readiness on this descriptor
     #[arg(long, hide = true)]
     ready_fd: Option<RawFd>,
@@ -182,6 +185,7 @@ fn start_daemon(args: &MountArgs) -> Result<(), String> {
         .arg("--workers")
         .arg(args.workers.to_string())
         .args(args.detectors.to_args())
+        .args(args.gpu.to_args())
         .arg("--ready-fd")
         .arg(write_fd.to_string())
         .stdin(Stdio::null())
@@ -271,7 +275,7 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
     let options = TreeOptions {
         cache_bytes: args.cache_size.saturating_mul(1 << 20),
         detectors: args.detectors.options(),
-        ..TreeOptions::default()
+        accelerator: args.gpu.accelerator(|line| log(line)),
     };
     let tree = Arc::new(Tree::new(&source, &options));
     let fs =

@@ -95,14 +95,46 @@ fn rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
     (kind, api)
 }
 
+/// Vulkan drivers probe the Wayland window system while they load, and
+/// libwayland prints `error: XDG_RUNTIME_DIR is invalid or not set` to
+/// stderr when that variable is missing (daemons, CI, ssh sessions): noise
+/// that reads like our own error lines. A private, empty 0700 directory
+/// lets the probe fail silently. Set only when unset, before any adapter
+/// is opened (start-up, while the process is single-threaded).
+fn quiet_window_system_probe() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some() {
+        return;
+    }
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // One per user, reused: /proc/self belongs to the process's user.
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("qemfs-runtime-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let ours = std::fs::symlink_metadata(&dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.mode() & 0o077 == 0);
+    if ours {
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
 impl Wgpu {
     /// Opens the best adapter (discrete, integrated, virtual GPU, then
     /// software; Vulkan before GL). `allow_software` admits CPU adapters
     /// such as lavapipe, which tests use but `auto` selection should not.
     /// `WGPU_BACKEND` (e.g. `vulkan`, `gl`) restricts the APIs tried.
+    ///
+    /// Without `allow_software` only Vulkan is tried: probing GL costs a
+    /// tenth of a second per start (noticeable in `qem show`), and the GL
+    /// adapters of machines without a Vulkan driver are rarely worth it.
     pub fn new(allow_software: bool) -> Result<Wgpu, OpenError> {
-        let backends =
-            wgpu::Backends::from_env().unwrap_or(wgpu::Backends::VULKAN | wgpu::Backends::GL);
+        quiet_window_system_probe();
+        let backends = wgpu::Backends::from_env().unwrap_or(if allow_software {
+            wgpu::Backends::VULKAN | wgpu::Backends::GL
+        } else {
+            wgpu::Backends::VULKAN
+        });
         let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
         desc.backends = backends;
         let instance = wgpu::Instance::new(desc);

@@ -120,6 +120,19 @@ impl Directory for StaticDir {
     }
 }
 
+/// `info.json` of a `.qem` container (and `qem show --json`): the file's
+/// summary and the backend that computes its `virtual/` products.
+pub fn info_json(file: &QemFile, accelerator: &dyn Accelerator) -> serde_json::Value {
+    let mut info = file.info_json();
+    if let Some(map) = info.as_object_mut() {
+        map.insert(
+            "reductions_backend".into(),
+            accelerator.name().to_string().into(),
+        );
+    }
+    info
+}
+
 /// What a path resolves to.
 #[derive(Clone)]
 pub enum Node {

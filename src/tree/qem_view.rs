@@ -358,7 +358,10 @@ pub fn directory(
     );
     entries.insert(
         "info.json".into(),
-        Entry::File(Arc::new(Bytes::new(text(&file.info_json())))),
+        Entry::File(Arc::new(Bytes::new(text(&super::info_json(
+            file,
+            &*accelerator,
+        ))))),
     );
     let source_path = source.to_path_buf();
     entries.insert(

@@ -22,7 +22,8 @@ pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
     let file = open(&args.file)?;
     let mut out = Stdout::new();
     if args.json {
-        let text = serde_json::to_string_pretty(&file.info_json())
+        let backend = args.gpu.accelerator_quiet_on_auto();
+        let text = serde_json::to_string_pretty(&qemfs::tree::info_json(&file, &*backend))
             .map_err(|e| Failure::plain(format!("serialising the report: {e}")))?;
         writeln!(out, "{text}")?;
         out.done()?;

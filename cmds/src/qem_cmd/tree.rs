@@ -6,6 +6,7 @@ use qemfs::tree::{Node, Tree, TreeOptions};
 
 use crate::detector_args::DetectorArgs;
 use crate::exit::{Failure, OK};
+use crate::gpu_args::GpuArgs;
 use crate::out::Stdout;
 use crate::qem_args::{CatArgs, LsArgs};
 
@@ -23,7 +24,7 @@ fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Fail
     Ok(node)
 }
 
-fn tree(detectors: &DetectorArgs) -> Tree {
+fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
     // The tree checks for truncated sources; the guard keeps them from
     // ending the process first.
     qemfs::mapguard::install();
@@ -33,13 +34,13 @@ fn tree(detectors: &DetectorArgs) -> Tree {
         &TreeOptions {
             cache_bytes: 256 << 20,
             detectors: detectors.options(),
-            ..TreeOptions::default()
+            accelerator: gpu.accelerator_quiet_on_auto(),
         },
     )
 }
 
 pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
-    let tree = tree(&args.detectors);
+    let tree = tree(&args.detectors, &args.gpu);
     let path = args.path.as_deref().unwrap_or("");
     let node = resolve(&tree, &args.file, path)?;
     let mut out = Stdout::new();
@@ -76,7 +77,7 @@ pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
 }
 
 pub fn cat(args: &CatArgs) -> Result<u8, Failure> {
-    let tree = tree(&args.detectors);
+    let tree = tree(&args.detectors, &args.gpu);
     let Node::File(content, _) = resolve(&tree, &args.file, &args.path)? else {
         return Err(Failure::file(
             &args.file,
