@@ -511,3 +511,27 @@ fn unmount_cleans_up_even_after_the_daemon_is_killed() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// The short version of `benches/stress.py`: 16 readers for 15 s while a
+/// source is truncated and replaced under them.
+#[test]
+fn parallel_readers_survive_truncation_and_replacement() {
+    if !can_mount() {
+        return;
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../benches/stress.py");
+    let out = Command::new("python3")
+        .arg(script)
+        .args(["--seconds", "15", "--readers", "16", "--cache-mib", "128"])
+        .env("QEMFS_BIN_DIR", qemfs().parent().unwrap())
+        .output()
+        .unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{report}");
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("truncate+replace cycles"), "{report}");
+}
