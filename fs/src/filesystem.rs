@@ -27,6 +27,9 @@ struct Inode {
     path: String,
     /// Filled on lookup; readdir hands out numbers before that.
     node: Option<Node>,
+    /// Modification time of the source behind the node when the number
+    /// was handed out.
+    version: SystemTime,
 }
 
 #[derive(Default)]
@@ -37,9 +40,16 @@ struct Inodes {
 }
 
 impl Inodes {
-    fn ino_of(&mut self, path: &str) -> u64 {
+    /// The number of `path` as of source modification time `version`. A
+    /// changed source gets new numbers for everything it shows: the kernel
+    /// keeps attributes and (FOPEN_KEEP_CACHE) pages per inode, and must
+    /// not serve the old file's size or bytes for the new one. Old numbers
+    /// stay valid for handles still open on them.
+    fn ino_of(&mut self, path: &str, version: SystemTime) -> u64 {
         if let Some(&ino) = self.by_path.get(path) {
-            return ino;
+            if self.by_ino.get(&ino).is_some_and(|i| i.version == version) {
+                return ino;
+            }
         }
         self.next += 1;
         let ino = self.next;
@@ -49,6 +59,7 @@ impl Inodes {
             Inode {
                 path: path.to_string(),
                 node: None,
+                version,
             },
         );
         ino
@@ -115,6 +126,7 @@ impl QemFs {
             Inode {
                 path: String::new(),
                 node: Some(Node::SourceDir(tree.root().to_path_buf())),
+                version: SystemTime::UNIX_EPOCH,
             },
         );
         let pool = crate::workers::Workers::new(workers.max(2))?;
@@ -202,7 +214,7 @@ impl Filesystem for QemFs {
                 let attr = self.tree.attr(&node);
                 let ino = {
                     let mut inodes = lock(&self.inodes);
-                    let ino = inodes.ino_of(&path);
+                    let ino = inodes.ino_of(&path, attr.mtime);
                     if let Some(inode) = inodes.by_ino.get_mut(&ino) {
                         inode.node = Some(node);
                     }
@@ -309,7 +321,7 @@ impl Filesystem for QemFs {
         {
             let mut inodes = lock(&self.inodes);
             for (name, attr) in listing {
-                entries.push((inodes.ino_of(&join(&path, &name)), attr, name));
+                entries.push((inodes.ino_of(&join(&path, &name), attr.mtime), attr, name));
             }
         }
         let fh = self.handle();
