@@ -31,6 +31,14 @@ a = np.load(f"{mnt}/scan-u16.qem/data.npy", mmap_mode="r")
 print("data.npy (memory-mapped):", a.shape, a.dtype, "total counts", int(a.sum(dtype=np.uint64)))
 s = np.load(f"{mnt}/scan-u16.qem/virtual/sum.npy")
 print("virtual/sum.npy (from the spatial index, no decoding):", s.shape, s.dtype, "min", s.min(), "max", s.max())
+import json
+d = json.load(open(f"{mnt}/scan-u16.qem/virtual/detectors.json"))
+print("bright-field disk:", d["bright_field_disk"]["method"], "centre", [round(c, 2) for c in d["center"]],
+      "radius", round(d["bright_field_radius"], 2))
+bf = np.load(f"{mnt}/scan-u16.qem/virtual/bf.npy")
+com = np.load(f"{mnt}/scan-u16.qem/virtual/com_row.npy")
+print("virtual/bf.npy:", bf.shape, bf.dtype, "mean", float(bf.mean()), "| com_row.npy range",
+      float(np.nanmin(com)), float(np.nanmax(com)))
 f = np.load(f"{mnt}/scan-u16.qem/frames/12/16.npy")
 print("frames/12/16.npy:", f.shape, f.dtype, "max", f.max())
 v = np.load(f"{mnt}/embeddings.semq/vectors.npy")
