@@ -88,6 +88,22 @@ impl Values {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The exact values, if these are.
+    pub fn exact(self) -> Option<Vec<u64>> {
+        match self {
+            Values::Exact(v) => Some(v),
+            Values::Float(_) => None,
+        }
+    }
+
+    /// The float32 values, if these are.
+    pub fn float(self) -> Option<Vec<f32>> {
+        match self {
+            Values::Float(v) => Some(v),
+            Values::Exact(_) => None,
+        }
+    }
 }
 
 /// Per-frame total and first moments over all valid pixels.

@@ -310,6 +310,23 @@ impl<'a> Reducer<'a> {
         Ok((sum, frames))
     }
 
+    /// Total, row and column moments, pattern sum and maximum of a
+    /// full-pass result, all of the kind `pick` accepts.
+    fn full_parts<T>(
+        &self,
+        out: super::Partial,
+        pick: fn(Values) -> Option<Vec<T>>,
+    ) -> Result<[Vec<T>; 5], ReduceError> {
+        let (Some(m), Some(p)) = (out.moments, out.pattern) else {
+            return Err(mismatch(self.accelerator));
+        };
+        let parts = [m.total, m.row, m.column, p.sum, p.max].map(pick);
+        match parts {
+            [Some(a), Some(b), Some(c), Some(d), Some(e)] => Ok([a, b, c, d, e]),
+            _ => Err(mismatch(self.accelerator)),
+        }
+    }
+
     /// Centre of mass, mean and maximum pattern: one pass over every block
     /// (per calibration region for scaled codes).
     pub fn full(&self) -> Result<Full, ReduceError> {
@@ -322,25 +339,7 @@ impl<'a> Reducer<'a> {
         match file.codec() {
             Codec::Integer => {
                 let out = self.accelerator.reduce(file, all, &request)?;
-                let (Some(moments), Some(pattern)) = (out.moments, out.pattern) else {
-                    return Err(mismatch(self.accelerator));
-                };
-                let (
-                    Values::Exact(total),
-                    Values::Exact(row),
-                    Values::Exact(column),
-                    Values::Exact(sum),
-                    Values::Exact(max),
-                ) = (
-                    moments.total,
-                    moments.row,
-                    moments.column,
-                    pattern.sum,
-                    pattern.max,
-                )
-                else {
-                    return Err(mismatch(self.accelerator));
-                };
+                let [total, row, column, sum, max] = self.full_parts(out, Values::exact)?;
                 check_lengths(self.accelerator, &[(&total, n), (&sum, p_count)])?;
                 let com = |m: &[u64]| -> Vec<f32> {
                     m.iter()
@@ -366,25 +365,7 @@ impl<'a> Reducer<'a> {
             }
             Codec::Float => {
                 let out = self.accelerator.reduce(file, all, &request)?;
-                let (Some(moments), Some(pattern)) = (out.moments, out.pattern) else {
-                    return Err(mismatch(self.accelerator));
-                };
-                let (
-                    Values::Float(total),
-                    Values::Float(row),
-                    Values::Float(column),
-                    Values::Float(sum),
-                    Values::Float(max),
-                ) = (
-                    moments.total,
-                    moments.row,
-                    moments.column,
-                    pattern.sum,
-                    pattern.max,
-                )
-                else {
-                    return Err(mismatch(self.accelerator));
-                };
+                let [total, row, column, sum, max] = self.full_parts(out, Values::float)?;
                 check_lengths(self.accelerator, &[(&total, n), (&sum, p_count)])?;
                 let com = |m: &[f32]| -> Vec<f32> {
                     m.iter()
@@ -431,25 +412,7 @@ impl<'a> Reducer<'a> {
             let out =
                 self.accelerator
                     .reduce(file, blocks, &self.request(Vec::new(), true, true))?;
-            let (Some(moments), Some(pattern)) = (out.moments, out.pattern) else {
-                return Err(mismatch(self.accelerator));
-            };
-            let (
-                Values::Exact(total),
-                Values::Exact(row),
-                Values::Exact(column),
-                Values::Exact(sum),
-                Values::Exact(top),
-            ) = (
-                moments.total,
-                moments.row,
-                moments.column,
-                pattern.sum,
-                pattern.max,
-            )
-            else {
-                return Err(mismatch(self.accelerator));
-            };
+            let [total, row, column, sum, top] = self.full_parts(out, Values::exact)?;
             let m = region.stop_frame - region.first_frame;
             check_lengths(self.accelerator, &[(&total, m), (&sum, p_count)])?;
             let (s, o) = (region.scale, region.offset);
