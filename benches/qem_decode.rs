@@ -320,6 +320,21 @@ fn main() {
         streams.push((k, rans::encode(k, &col)));
     }
     let mut out = vec![0u16; p * m];
+    let only = std::env::var("QEM_BENCH_ONLY").unwrap_or_default();
+    if only == "rans" {
+        // For profilers: nothing but the 16-lane lockstep loop (the
+        // library's group size), repeated.
+        for _ in 0..200 {
+            for (group, o) in streams.chunks_exact(16).zip(out.chunks_exact_mut(16 * m)) {
+                let outs: Vec<&mut [u16]> = o.chunks_exact_mut(m).collect();
+                let outs: [&mut [u16]; 16] = outs.try_into().unwrap();
+                let ins: [(usize, &[u8]); 16] =
+                    std::array::from_fn(|j| (group[j].0, &group[j].1[..]));
+                rans::decode_many(ins, outs).unwrap();
+            }
+        }
+        return;
+    }
     let one = best(5, || {
         for ((k, s), o) in streams.iter().zip(out.chunks_exact_mut(m)) {
             rans::decode(*k, s, o).unwrap();
@@ -349,7 +364,6 @@ fn main() {
             rans::decode_many(ins, outs).unwrap();
         }
     });
-    let only = std::env::var("QEM_BENCH_ONLY").unwrap_or_default();
     if only == "whole" {
         // For profilers: nothing but whole-array decoding, repeated.
         let mut out = vec![0u8; qem.dense_bytes().unwrap()];
@@ -358,19 +372,12 @@ fn main() {
         }
         return;
     }
-    if only == "rans" {
-        // For `perf stat`: nothing but the lockstep loop, repeated.
-        for _ in 0..20 {
-            for (group, o) in streams.chunks_exact(8).zip(out.chunks_exact_mut(8 * m)) {
-                let outs: Vec<&mut [u16]> = o.chunks_exact_mut(m).collect();
-                let outs: [&mut [u16]; 8] = outs.try_into().unwrap();
-                let ins: [(usize, &[u8]); 8] =
-                    std::array::from_fn(|j| (group[j].0, &group[j].1[..]));
-                rans::decode_many(ins, outs).unwrap();
-            }
+    let rows = best(5, || {
+        for (group, o) in streams.chunks_exact(16).zip(out.chunks_exact_mut(16 * m)) {
+            let ins: [(usize, &[u8]); 16] = std::array::from_fn(|j| (group[j].0, &group[j].1[..]));
+            rans::decode_many_rows(ins, m, o, 16).unwrap();
         }
-        return;
-    }
+    });
     let rans_bytes: usize = streams.iter().map(|s| s.1.len()).sum();
     println!(
         "rANS only ({} streams x {m}, {rans_bytes} coded bytes), 1 core:",
@@ -383,6 +390,7 @@ fn main() {
         "  16 streams in lockstep {}",
         rate(p * m, p * m * 2, sixteen)
     );
+    println!("  16, frame-major output {}", rate(p * m, p * m * 2, rows));
 
     let block_bytes = info.decoded_bytes;
     for n_threads in [1, threads] {

@@ -25,7 +25,7 @@ use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
 use super::metadata::ScientificMetadata;
 use super::scaled::IntensityCalibration;
 use super::spatial::{self, Tile};
-use super::stream::StreamTable;
+use super::stream::{StreamTable, LOCKSTEP};
 
 enum Source {
     Mapped(Mapping),
@@ -382,11 +382,12 @@ impl QemFile {
     /// dense bytes of the decoded dtype.
     ///
     /// Pixels are decoded in small groups, in parallel: each group's streams
-    /// go to a scratch buffer that stays in cache, are turned frame-major
-    /// into a strip `w` pixels wide, and the strips are then copied into the
-    /// output rows. Transposing a whole block at once instead reads every
-    /// stream with a stride of `m` across megabytes, which cost more than the
-    /// entropy decoding itself.
+    /// are decoded frame-major into a scratch buffer that stays in cache
+    /// (the SIMD lanes write its rows directly), converted into a strip `w`
+    /// pixels wide, and the strips are then copied into the output rows.
+    /// Transposing a whole block at once instead reads every stream with a
+    /// stride of `m` across megabytes, which cost more than the entropy
+    /// decoding itself.
     fn block_dense(&self, info: &BlockInfo, t0: usize, t1: usize, out: &mut [u8]) -> Result<()> {
         self.block_strips(info, t0, t1, out, false)
     }
@@ -415,8 +416,9 @@ impl QemFile {
             self.decoded_dtype().size()
         };
         let rows = t1 - t0;
-        // About 16 Ki decoded values per group.
-        let group = (16384 / (m * spp)).max(8);
+        // About 16 Ki decoded values per group (in pixels), in whole
+        // lockstep groups of streams.
+        let group = (16384 / m).max(LOCKSTEP) / LOCKSTEP * LOCKSTEP / spp;
         let groups = p_count.div_ceil(group);
         let u8_counts = self.stored_dtype() == Dtype::U8;
         let calibration = chunk
@@ -433,9 +435,11 @@ impl QemFile {
                 let p0 = g * group;
                 let w = group.min(p_count - p0);
                 let s0 = first + p0 * spp;
-                let mut scratch = vec![0u16; w * spp * m];
+                let ws = w * spp;
+                // Frame-major: row t holds the group's ws stream values.
+                let mut scratch = vec![0u16; ws * m];
                 table
-                    .decode_range(s0, m, &mut scratch)
+                    .decode_rows(s0, ws, m, &mut scratch)
                     .map_err(|(s, fault)| QemError::Stream {
                         site: StreamSite {
                             chunk: c,
@@ -443,52 +447,53 @@ impl QemFile {
                         },
                         fault,
                     })?;
-                if u8_counts {
-                    if let Some(j) = scratch.iter().position(|&v| v > 255) {
-                        return Err(QemError::ValueRange {
-                            site: StreamSite {
-                                chunk: c,
-                                stream: s0 + j / m,
-                            },
-                            value: scratch[j],
-                            dtype: "uint8",
-                        });
-                    }
+                if u8_counts && scratch.iter().any(|&v| v > 255) {
+                    // Name the first such stream, as a stream-by-stream
+                    // check would.
+                    let (i, value) = (0..ws)
+                        .find_map(|i| {
+                            let v = (0..m).map(|t| scratch[t * ws + i]).find(|&v| v > 255)?;
+                            Some((i, v))
+                        })
+                        .unwrap_or((0, 256));
+                    return Err(QemError::ValueRange {
+                        site: StreamSite {
+                            chunk: c,
+                            stream: s0 + i,
+                        },
+                        value,
+                        dtype: "uint8",
+                    });
                 }
                 let mut strip = vec![0u8; rows * w * e];
-                // Eight pixels at a time over all rows: the eight columns
-                // are read sequentially. (Row by row over all `w` pixels
-                // reads `w` columns `2m` bytes apart, a power of two, which
-                // all fall in the same few cache sets.)
                 let (scale, offset) = calibration.unwrap_or((1.0, 0.0));
-                for i0 in (0..w).step_by(8) {
-                    let i1 = (i0 + 8).min(w);
-                    for (k, seg) in strip.chunks_exact_mut(w * e).enumerate() {
-                        let t = t0 + k;
-                        let seg = &mut seg[i0 * e..i1 * e];
-                        match (codec, e) {
-                            (Codec::Integer, 1) => {
-                                for (i, d) in (i0..i1).zip(seg.iter_mut()) {
-                                    *d = scratch[i * m + t] as u8;
-                                }
+                for (seg, src) in strip
+                    .chunks_exact_mut(w * e)
+                    .zip(scratch[t0 * ws..t1 * ws].chunks_exact(ws))
+                {
+                    match (codec, e) {
+                        (Codec::Integer, 1) => {
+                            for (d, &v) in seg.iter_mut().zip(src) {
+                                *d = v as u8;
                             }
-                            (Codec::Integer, _) => {
-                                for (i, d) in (i0..i1).zip(seg.chunks_exact_mut(2)) {
-                                    d.copy_from_slice(&scratch[i * m + t].to_le_bytes());
-                                }
+                        }
+                        (Codec::Integer, _) => {
+                            for (d, &v) in seg.chunks_exact_mut(2).zip(src) {
+                                d.copy_from_slice(&v.to_le_bytes());
                             }
-                            (Codec::Scaled, _) => {
-                                for (i, d) in (i0..i1).zip(seg.chunks_exact_mut(4)) {
-                                    let v = (f64::from(scratch[i * m + t]) * scale + offset) as f32;
-                                    d.copy_from_slice(&v.to_le_bytes());
-                                }
+                        }
+                        (Codec::Scaled, _) => {
+                            for (d, &v) in seg.chunks_exact_mut(4).zip(src) {
+                                let v = (f64::from(v) * scale + offset) as f32;
+                                d.copy_from_slice(&v.to_le_bytes());
                             }
-                            (Codec::Float, _) => {
-                                for (i, d) in (i0..i1).zip(seg.chunks_exact_mut(4)) {
-                                    let bits = u32::from(scratch[2 * i * m + t])
-                                        | (u32::from(scratch[(2 * i + 1) * m + t]) << 16);
-                                    d.copy_from_slice(&bits.to_le_bytes());
-                                }
+                        }
+                        (Codec::Float, _) => {
+                            // Lanes 2i and 2i + 1 hold the low and high
+                            // halves of pixel i's bits.
+                            for (d, half) in seg.chunks_exact_mut(4).zip(src.chunks_exact(2)) {
+                                let bits = u32::from(half[0]) | (u32::from(half[1]) << 16);
+                                d.copy_from_slice(&bits.to_le_bytes());
                             }
                         }
                     }

@@ -217,12 +217,10 @@ const PAD: usize = 256;
 
 /// Decodes `N` rANS streams of equal value count in lockstep.
 ///
-/// Each stream is copied with `PAD` zero bytes after it; the lanes' states
-/// live in local arrays (registers once unrolled), so the `N` dependency
-/// chains overlap and no step tests for the end of its stream. A valid
-/// stream never reads past its end, so reading into the padding means the
-/// stream is invalid: then every lane is decoded again by the careful
-/// reference procedure, which names the fault. On failure, the index of the
+/// The `N` dependency chains overlap (see [`Lockstep`]). A valid stream
+/// never reads past its end, so reading into the padding means the stream
+/// is invalid: then every lane is decoded again by the careful reference
+/// procedure, which names the fault. On failure, the index of the
 /// failing stream comes with the fault.
 pub fn decode_many<const N: usize>(
     streams: [(usize, &[u8]); N],
@@ -233,52 +231,46 @@ pub fn decode_many<const N: usize>(
         outs.iter().all(|o| o.len() == m),
         "lockstep outputs differ in length"
     );
-    let mut tables: [&SlotTable; N] = [slot_table(0); N];
-    let mut ends = [0usize; N];
-    let mut x = [0u32; N];
-    let mut pos = [0usize; N];
-    let total: usize = streams.iter().map(|(_, b)| b.len() + PAD).sum();
-    let mut buf = Vec::with_capacity(total);
-    for (j, &(table, b)) in streams.iter().enumerate() {
-        let lane = Lane::new(table, b).map_err(|f| (j, f))?;
-        tables[j] = lane.table;
-        x[j] = lane.x;
-        pos[j] = buf.len() + 4;
-        buf.extend_from_slice(b);
-        ends[j] = buf.len();
-        buf.resize(buf.len() + PAD, 0);
-    }
+    let mut run = Lockstep::new(&streams)?;
     let mut outs = outs;
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     let mut tile: Vec<u16> = Vec::new();
     while done < m {
-        let mut steps = m - done;
-        for j in 0..N {
-            // Lane j's buffer ends PAD bytes after its stream.
-            // One step reads at most 4 bytes; 4 more are kept for the
-            // SIMD path's prefetch of the next renormalisation bytes.
-            steps = steps.min((ends[j] + PAD).saturating_sub(pos[j] + 4) / 4);
-        }
+        let steps = run.safe_steps(m - done);
         if steps == 0 {
             break;
         }
         let range = done..done + steps;
         #[cfg(target_arch = "x86_64")]
-        if (N == 8 || N == 16) && simd::available() && buf.len() <= i32::MAX as usize {
-            let ks: [usize; N] = std::array::from_fn(|j| streams[j].0);
-            simd::run::<N>(ks, &buf, &mut x, &mut pos, &mut outs, range, &mut tile);
+        if run.simd() {
+            simd::run::<N>(
+                run.ks,
+                &run.buf,
+                &mut run.x,
+                &mut run.pos,
+                &mut outs,
+                range,
+                &mut tile,
+            );
             done += steps;
             continue;
         }
+        let Lockstep {
+            tables,
+            buf,
+            x,
+            pos,
+            ..
+        } = &mut run;
         if let Ok(four) = <&mut [&mut [u16]; 4]>::try_from(&mut outs[..]) {
-            run4(&tables, &buf, &mut x, &mut pos, four, range);
+            run4(tables, buf, x, pos, four, range);
         } else {
             // Indexing by lane keeps small N in registers once unrolled.
             #[allow(clippy::needless_range_loop)]
             for t in range {
                 for j in 0..N {
-                    let (y, i, v) = step(tables[j], &buf, x[j], pos[j]);
+                    let (y, i, v) = step(tables[j], buf, x[j], pos[j]);
                     x[j] = y;
                     pos[j] = i;
                     outs[j][t] = v;
@@ -287,8 +279,7 @@ pub fn decode_many<const N: usize>(
         }
         done += steps;
     }
-    let clean = done == m && (0..N).all(|j| pos[j] == ends[j] && x[j] == STATE_LOWER);
-    if !clean {
+    if !run.clean(done, m) {
         #[cfg(test)]
         tests::FALLBACKS.with(|f| f.set(f.get() + 1));
         for (j, ((table, b), out)) in streams.into_iter().zip(outs.iter_mut()).enumerate() {
@@ -296,6 +287,127 @@ pub fn decode_many<const N: usize>(
         }
     }
     Ok(())
+}
+
+/// Decodes `N` rANS streams of `m` values each in lockstep, as
+/// [`decode_many`] does, but frame-major: value `t` of stream `j` goes to
+/// `out[t * stride + j]`. This is the order of decoded frames, so a block
+/// decoded this way needs no transposition; where the SIMD lanes run,
+/// their rows are written there directly.
+pub fn decode_many_rows<const N: usize>(
+    streams: [(usize, &[u8]); N],
+    m: usize,
+    out: &mut [u16],
+    stride: usize,
+) -> Result<(), (usize, StreamFault)> {
+    assert!(
+        stride >= N && (m == 0 || (m - 1) * stride + N <= out.len()),
+        "row output too small"
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut run = Lockstep::new(&streams)?;
+        if run.simd() {
+            let mut done = 0;
+            while done < m {
+                let steps = run.safe_steps(m - done);
+                if steps == 0 {
+                    break;
+                }
+                let rows = &mut out[done * stride..];
+                simd::run_rows::<N>(
+                    run.ks,
+                    &run.buf,
+                    &mut run.x,
+                    &mut run.pos,
+                    rows,
+                    stride,
+                    steps,
+                );
+                done += steps;
+            }
+            if run.clean(done, m) {
+                return Ok(());
+            }
+        }
+    }
+    // Without SIMD lanes, or to name the fault of an invalid stream:
+    // stream by stream, then interleaved.
+    let mut cols = vec![0u16; N * m];
+    {
+        let mut it = cols.chunks_exact_mut(m.max(1));
+        let outs: [&mut [u16]; N] = std::array::from_fn(|_| match it.next() {
+            Some(c) => &mut c[..m],
+            None => &mut [],
+        });
+        decode_many(streams, outs)?;
+    }
+    for (j, col) in cols.chunks_exact(m.max(1)).enumerate().take(N) {
+        for (t, &v) in col[..m].iter().enumerate() {
+            out[t * stride + j] = v;
+        }
+    }
+    Ok(())
+}
+
+/// `N` streams ready to be decoded in lockstep: each is copied into one
+/// buffer with `PAD` zero bytes after it; the lanes' states live in local
+/// arrays (registers once unrolled), so no step tests for the end of its
+/// stream.
+struct Lockstep<const N: usize> {
+    ks: [usize; N],
+    tables: [&'static SlotTable; N],
+    buf: Vec<u8>,
+    ends: [usize; N],
+    x: [u32; N],
+    pos: [usize; N],
+}
+
+impl<const N: usize> Lockstep<N> {
+    fn new(streams: &[(usize, &[u8]); N]) -> Result<Self, (usize, StreamFault)> {
+        let total: usize = streams.iter().map(|(_, b)| b.len() + PAD).sum();
+        let mut run = Lockstep {
+            ks: [0; N],
+            tables: [slot_table(0); N],
+            buf: Vec::with_capacity(total),
+            ends: [0; N],
+            x: [0; N],
+            pos: [0; N],
+        };
+        for (j, &(table, b)) in streams.iter().enumerate() {
+            let lane = Lane::new(table, b).map_err(|f| (j, f))?;
+            run.ks[j] = table;
+            run.tables[j] = lane.table;
+            run.x[j] = lane.x;
+            run.pos[j] = run.buf.len() + 4;
+            run.buf.extend_from_slice(b);
+            run.ends[j] = run.buf.len();
+            run.buf.resize(run.buf.len() + PAD, 0);
+        }
+        Ok(run)
+    }
+
+    /// How many of the `left` steps every lane can take before the next
+    /// end-of-buffer test: lane j's buffer ends PAD bytes after its stream;
+    /// one step reads at most 4 bytes, and 12 more are kept for the SIMD
+    /// path's prefetch of the coming renormalisation bytes.
+    fn safe_steps(&self, left: usize) -> usize {
+        (0..N).fold(left, |steps, j| {
+            steps.min((self.ends[j] + PAD).saturating_sub(self.pos[j] + 12) / 4)
+        })
+    }
+
+    /// Whether the lanes run in SIMD registers here.
+    #[cfg(target_arch = "x86_64")]
+    fn simd(&self) -> bool {
+        (N == 8 || N == 16) && simd::available() && self.buf.len() <= i32::MAX as usize
+    }
+
+    /// Whether all `m` steps ran and every stream ended exactly (a valid
+    /// stream never reads into its padding).
+    fn clean(&self, done: usize, m: usize) -> bool {
+        done == m && (0..N).all(|j| self.pos[j] == self.ends[j] && self.x[j] == STATE_LOWER)
+    }
 }
 
 /// The lockstep loop for four lanes, written out so that the four states
@@ -354,8 +466,8 @@ mod simd {
     }
 
     /// Runs the steps `range` of `L` lanes (8 or 16). Every lane must have
-    /// at least `4 * range.len() + 4` bytes of `buf` from `pos[j]` on (one
-    /// step consumes at most 4, and the next 4 bytes are prefetched), tables `ks[j] < 64`, and
+    /// at least `4 * range.len() + 12` bytes of `buf` from `pos[j]` on (one
+    /// step consumes at most 4, and the next 12 bytes are prefetched), tables `ks[j] < 64`, and
     /// `buf.len() <= i32::MAX`. Values go to `outs[j][range]`.
     pub fn run<const L: usize>(
         ks: [usize; L],
@@ -370,19 +482,104 @@ mod simd {
         assert!(L == 8 || L == 16);
         assert!(available() && buf.len() <= i32::MAX as usize);
         for j in 0..L {
-            assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 4 <= buf.len());
+            assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 12 <= buf.len());
             assert!(outs[j].len() >= range.end);
         }
         tile.clear();
         tile.resize(L * n, 0);
         // SAFETY: AVX2 is present (checked above), and the asserts above
         // are the bounds `kernel` relies on.
-        unsafe { kernel::<L>(&ks, buf, x, pos, tile) };
-        // Lane by lane: each column is written sequentially (row by row
-        // would write `L` columns whose starts are often a power of two
-        // apart, all in the same cache sets).
+        unsafe { kernel::<L>(&ks, buf, x, pos, tile, L, n) };
+        transpose_out::<L>(tile, outs, range);
+    }
+
+    /// Runs `n` steps of `L` lanes (8 or 16) as [`run`] does, writing the
+    /// values of step t to `rows[t * stride..][..L]`.
+    pub fn run_rows<const L: usize>(
+        ks: [usize; L],
+        buf: &[u8],
+        x: &mut [u32; L],
+        pos: &mut [usize; L],
+        rows: &mut [u16],
+        stride: usize,
+        n: usize,
+    ) {
+        assert!(L == 8 || L == 16);
+        assert!(available() && buf.len() <= i32::MAX as usize);
+        for j in 0..L {
+            assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 12 <= buf.len());
+        }
+        // SAFETY: as in `run`; the rows are bound-checked slices.
+        unsafe { kernel::<L>(&ks, buf, x, pos, rows, stride, n) };
+    }
+
+    /// Writes the row-major `tile` (one row of `L` lane values per step)
+    /// into the lanes' outputs at `range`: 8×8 blocks are transposed in
+    /// SSE2 registers (24 shuffles for 64 values instead of 64 scalar
+    /// loads and stores), each column stored as one 16-byte write, and the
+    /// last `range.len() % 8` rows are copied one by one.
+    fn transpose_out<const L: usize>(
+        tile: &[u16],
+        outs: &mut [&mut [u16]; L],
+        range: Range<usize>,
+    ) {
+        let n = range.len();
+        assert!(tile.len() == L * n && L.is_multiple_of(8));
+        let full = n - n % 8;
+        for g in 0..L / 8 {
+            for t in (0..full).step_by(8) {
+                // SAFETY: SSE2 is part of x86_64. Row t + i of the tile
+                // starts at (t + i) * L, and lanes 8g..8g + 8 lie within
+                // it (t + 8 <= n, asserted tile length); each output
+                // store writes outs[8g + j][range.start + t..][..8],
+                // inside the output since t + 8 <= n and
+                // range.end <= len (asserted by `run`).
+                unsafe {
+                    let row = |i: usize| {
+                        _mm_loadu_si128(tile.as_ptr().add((t + i) * L + 8 * g) as *const __m128i)
+                    };
+                    let (r0, r1, r2, r3) = (row(0), row(1), row(2), row(3));
+                    let (r4, r5, r6, r7) = (row(4), row(5), row(6), row(7));
+                    let t0 = _mm_unpacklo_epi16(r0, r1);
+                    let t1 = _mm_unpackhi_epi16(r0, r1);
+                    let t2 = _mm_unpacklo_epi16(r2, r3);
+                    let t3 = _mm_unpackhi_epi16(r2, r3);
+                    let t4 = _mm_unpacklo_epi16(r4, r5);
+                    let t5 = _mm_unpackhi_epi16(r4, r5);
+                    let t6 = _mm_unpacklo_epi16(r6, r7);
+                    let t7 = _mm_unpackhi_epi16(r6, r7);
+                    // u_k holds lanes 2k and 2k + 1 of rows 0..4 (low
+                    // half of the final columns) or of rows 4..8.
+                    let u0 = _mm_unpacklo_epi32(t0, t2);
+                    let u1 = _mm_unpackhi_epi32(t0, t2);
+                    let u2 = _mm_unpacklo_epi32(t1, t3);
+                    let u3 = _mm_unpackhi_epi32(t1, t3);
+                    let u4 = _mm_unpacklo_epi32(t4, t6);
+                    let u5 = _mm_unpackhi_epi32(t4, t6);
+                    let u6 = _mm_unpacklo_epi32(t5, t7);
+                    let u7 = _mm_unpackhi_epi32(t5, t7);
+                    let cols = [
+                        _mm_unpacklo_epi64(u0, u4),
+                        _mm_unpackhi_epi64(u0, u4),
+                        _mm_unpacklo_epi64(u1, u5),
+                        _mm_unpackhi_epi64(u1, u5),
+                        _mm_unpacklo_epi64(u2, u6),
+                        _mm_unpackhi_epi64(u2, u6),
+                        _mm_unpacklo_epi64(u3, u7),
+                        _mm_unpackhi_epi64(u3, u7),
+                    ];
+                    for (j, c) in cols.into_iter().enumerate() {
+                        let out = &mut outs[8 * g + j][range.start + t..range.start + t + 8];
+                        _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, c);
+                    }
+                }
+            }
+        }
         for (j, out) in outs.iter_mut().enumerate() {
-            for (o, row) in out[range.clone()].iter_mut().zip(tile.chunks_exact(L)) {
+            for (o, row) in out[range.start + full..range.end]
+                .iter_mut()
+                .zip(tile[full * L..].chunks_exact(L))
+            {
                 *o = row[j];
             }
         }
@@ -390,15 +587,18 @@ mod simd {
 
     /// # Safety
     /// AVX2 must be available; `L` is 8 or 16; `ks[j] < 64`;
-    /// `buf.len() <= i32::MAX`; `pos[j] + 4 * (tile.len() / L) + 4 <= buf.len()`
-    /// for every lane.
+    /// `buf.len() <= i32::MAX`; `pos[j] + 4 * n + 12 <= buf.len()` for
+    /// every lane. The values of step t go to `rows[t * stride..][..L]`
+    /// (a bound-checked slice).
     #[target_feature(enable = "avx2")]
     unsafe fn kernel<const L: usize>(
         ks: &[usize; L],
         buf: &[u8],
         x: &mut [u32; L],
         pos: &mut [usize; L],
-        tile: &mut [u16],
+        rows: &mut [u16],
+        stride: usize,
+        n: usize,
     ) {
         const MAXV: usize = 2;
         let nv = L / 8;
@@ -458,63 +658,119 @@ mod simd {
             3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
             9, 8, 15, 14, 13, 12,
         );
-        // The 4 bytes at each lane's position, big-endian: the
-        // renormalisation bytes of the next step that needs any.
-        // SAFETY: every fetch reads 4 bytes at a lane's position after k
-        // of the n steps (k <= n), at most pos + 4k + 4 <= pos + 4n + 4 <=
-        // buf.len() (asserted by `run`), as a step advances by at most 4.
+        // Each lane's next bytes, big-endian, in a 12-byte window of
+        // three words a, b, c: a holds the renormalisation bytes of the
+        // coming step, and a step shifts its n bytes out of the window.
+        // The window is refilled by three gathers only once some lane has
+        // used more than 8 of its bytes (so a keeps at least 4 valid):
+        // at low dose a lane renormalises every few dozen steps, so the
+        // gathers, slow and otherwise on the state's dependency chain,
+        // leave the common step.
+        // SAFETY: every fetch reads 4 bytes at a lane's position plus at
+        // most 8, after k of the n steps (k <= n): at most pos + 4k + 12
+        // <= pos + 4n + 12 <= buf.len() (asserted by `run`), as a step
+        // advances by at most 4.
         let fetch = |p: __m256i| _mm256_shuffle_epi8(_mm256_i32gather_epi32::<1>(bytes, p), bswap);
-        let mut next = [_mm256_setzero_si256(); MAXV];
+        let c4 = _mm256_set1_epi32(4);
+        let c8 = _mm256_set1_epi32(8);
+        let refill = |p: __m256i| {
+            let limit = _mm256_add_epi32(p, c8);
+            (
+                fetch(p),
+                fetch(_mm256_add_epi32(p, c4)),
+                fetch(limit),
+                limit,
+            )
+        };
+        let mut wa = [_mm256_setzero_si256(); MAXV];
+        let mut wb = [_mm256_setzero_si256(); MAXV];
+        let mut wc = [_mm256_setzero_si256(); MAXV];
+        let mut limit = [_mm256_setzero_si256(); MAXV];
         for v in 0..nv {
-            next[v] = fetch(vp[v]);
+            (wa[v], wb[v], wc[v], limit[v]) = refill(vp[v]);
         }
-        for row in tile.chunks_exact_mut(L) {
+        // Each step handles every register of lanes at once, with one
+        // branch per decision for all of them, so that with 16 lanes two
+        // independent dependency chains are in flight between branches.
+        let mut y = [_mm256_setzero_si256(); MAXV];
+        let mut vals = [_mm256_setzero_si256(); MAXV];
+        for t in 0..n {
+            let row = &mut rows[t * stride..t * stride + L];
+            let mut slot = [_mm256_setzero_si256(); MAXV];
+            let mut hi = [_mm256_setzero_si256(); MAXV];
+            let mut any_ge2 = _mm256_setzero_si256();
             for v in 0..nv {
-                let slot = _mm256_and_si256(vx[v], mask);
-                let hi = _mm256_srli_epi32::<{ SCALE_BITS as i32 }>(vx[v]);
-                let ge2 = _mm256_cmpgt_epi32(slot, c2m1[v]);
-                let (y, vals) = if _mm256_testz_si256(ge2, ge2) != 0 {
-                    // Every lane's symbol is 0 or 1 (the common case at
-                    // low dose): the frequency and start come from two
-                    // per-lane constants, without a table load.
-                    let ge1 = _mm256_cmpgt_epi32(slot, c1m1[v]);
+                slot[v] = _mm256_and_si256(vx[v], mask);
+                hi[v] = _mm256_srli_epi32::<{ SCALE_BITS as i32 }>(vx[v]);
+                any_ge2 = _mm256_or_si256(any_ge2, _mm256_cmpgt_epi32(slot[v], c2m1[v]));
+            }
+            if _mm256_testz_si256(any_ge2, any_ge2) != 0 {
+                // Every lane's symbol is 0 or 1 (the common case at low
+                // dose): the frequency and start come from two per-lane
+                // constants, without a table load.
+                for v in 0..nv {
+                    let ge1 = _mm256_cmpgt_epi32(slot[v], c1m1[v]);
                     let f = _mm256_blendv_epi8(f0[v], f1[v], ge1);
-                    let y = _mm256_add_epi32(
-                        _mm256_mullo_epi32(f, hi),
-                        _mm256_sub_epi32(slot, _mm256_and_si256(ge1, c1[v])),
+                    y[v] = _mm256_add_epi32(
+                        _mm256_mullo_epi32(f, hi[v]),
+                        _mm256_sub_epi32(slot[v], _mm256_and_si256(ge1, c1[v])),
                     );
-                    (y, _mm256_srli_epi32::<31>(ge1))
-                } else {
+                    vals[v] = _mm256_srli_epi32::<31>(ge1);
+                }
+            } else {
+                for v in 0..nv {
                     // SAFETY: base + slot <= 63 * 1024 + 1023 < 64 * 1024
                     // entries.
-                    let e = _mm256_i32gather_epi32::<4>(table, _mm256_add_epi32(base[v], slot));
+                    let e = _mm256_i32gather_epi32::<4>(table, _mm256_add_epi32(base[v], slot[v]));
                     let f = _mm256_srli_epi32::<16>(e);
-                    let y = _mm256_add_epi32(_mm256_mullo_epi32(f, hi), _mm256_and_si256(e, mask));
-                    (y, _mm256_and_si256(_mm256_srli_epi32::<10>(e), sym_mask))
-                };
+                    y[v] =
+                        _mm256_add_epi32(_mm256_mullo_epi32(f, hi[v]), _mm256_and_si256(e, mask));
+                    vals[v] = _mm256_and_si256(_mm256_srli_epi32::<10>(e), sym_mask);
+                }
+            }
+            let mut any_spent = _mm256_setzero_si256();
+            let mut any_esc = _mm256_setzero_si256();
+            for v in 0..nv {
                 // y < 2^31, so signed compares are exact; n = bytes to
                 // shift in (0, 1 or 2).
                 let n = _mm256_sub_epi32(
                     _mm256_setzero_si256(),
-                    _mm256_add_epi32(_mm256_cmpgt_epi32(lower, y), _mm256_cmpgt_epi32(lower2, y)),
+                    _mm256_add_epi32(
+                        _mm256_cmpgt_epi32(lower, y[v]),
+                        _mm256_cmpgt_epi32(lower2, y[v]),
+                    ),
                 );
                 let sh = _mm256_slli_epi32::<3>(n);
+                let rsh = _mm256_sub_epi32(c32, sh);
                 // Branch-free (some lane renormalises at most steps):
                 // shifts by 32 give 0 in AVX2, as wanted when n = 0.
-                vx[v] = _mm256_or_si256(
-                    _mm256_sllv_epi32(y, sh),
-                    _mm256_srlv_epi32(next[v], _mm256_sub_epi32(c32, sh)),
-                );
+                let shift_in = |hi: __m256i, lo: __m256i| {
+                    _mm256_or_si256(_mm256_sllv_epi32(hi, sh), _mm256_srlv_epi32(lo, rsh))
+                };
+                vx[v] = shift_in(y[v], wa[v]);
+                wa[v] = shift_in(wa[v], wb[v]);
+                wb[v] = shift_in(wb[v], wc[v]);
+                wc[v] = _mm256_sllv_epi32(wc[v], sh);
                 vp[v] = _mm256_add_epi32(vp[v], n);
-                // The next bytes are fetched now, off the state's
-                // dependency chain (needed at the next renormalisation).
-                next[v] = fetch(vp[v]);
-                let esc = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(vals, escape)));
-                let mut vals = vals;
-                if esc != 0 {
+                any_spent = _mm256_or_si256(any_spent, _mm256_cmpgt_epi32(vp[v], limit[v]));
+                any_esc = _mm256_or_si256(any_esc, _mm256_cmpeq_epi32(vals[v], escape));
+            }
+            if _mm256_testz_si256(any_spent, any_spent) == 0 {
+                for v in 0..nv {
+                    (wa[v], wb[v], wc[v], limit[v]) = refill(vp[v]);
+                }
+            }
+            if _mm256_testz_si256(any_esc, any_esc) == 0 {
+                for v in 0..nv {
+                    let esc = _mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpeq_epi32(
+                        vals[v], escape,
+                    )));
+                    if esc == 0 {
+                        continue;
+                    }
                     let mut val = [0i32; 8];
                     let mut at = [0i32; 8];
-                    _mm256_storeu_si256(val.as_mut_ptr() as *mut __m256i, vals);
+                    _mm256_storeu_si256(val.as_mut_ptr() as *mut __m256i, vals[v]);
                     _mm256_storeu_si256(at.as_mut_ptr() as *mut __m256i, vp[v]);
                     for j in 0..8 {
                         if esc & (1 << j) != 0 {
@@ -523,11 +779,14 @@ mod simd {
                             at[j] += 2;
                         }
                     }
-                    vals = _mm256_loadu_si256(val.as_ptr() as *const __m256i);
+                    vals[v] = _mm256_loadu_si256(val.as_ptr() as *const __m256i);
                     vp[v] = _mm256_loadu_si256(at.as_ptr() as *const __m256i);
-                    next[v] = fetch(vp[v]);
+                    (wa[v], wb[v], wc[v], limit[v]) = refill(vp[v]);
                 }
-                let packed = _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(vals, vals));
+            }
+            for v in 0..nv {
+                let packed =
+                    _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(vals[v], vals[v]));
                 _mm_storeu_si128(
                     row[8 * v..8 * v + 8].as_mut_ptr() as *mut __m128i,
                     _mm256_castsi256_si128(packed),
@@ -843,6 +1102,24 @@ mod tests {
                 let mut one = vec![0u16; m];
                 prop_assert_eq!(decode_careful(enc[j].0, &enc[j].1, &mut one), Err(fault));
             }
+        }
+        // Frame-major output, with a stride wider than the group: the same
+        // values, interleaved, or the same refusal.
+        let stride = N + 3;
+        let mut rows = vec![u16::MAX; m * stride];
+        let ins: [(usize, &[u8]); N] = std::array::from_fn(|j| (enc[j].0, &enc[j].1[..]));
+        match (decode_many_rows(ins, m, &mut rows, stride), &got) {
+            (Ok(()), Ok(())) => {
+                for t in 0..m {
+                    let want_row: Vec<u16> = (0..N).map(|j| outs[j][t]).collect();
+                    prop_assert_eq!(&rows[t * stride..t * stride + N], &want_row[..]);
+                    prop_assert!(rows[t * stride + N..(t + 1) * stride]
+                        .iter()
+                        .all(|&v| v == u16::MAX));
+                }
+            }
+            (Err(a), Err(b)) => prop_assert_eq!(&a, b),
+            (a, b) => prop_assert!(false, "rows {:?} vs columns {:?}", a, b),
         }
         // One stream at a time agrees too.
         for (j, (t, b)) in enc.iter().enumerate() {
