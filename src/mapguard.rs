@@ -16,7 +16,7 @@
 //! guarded.
 
 use std::ops::Deref;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Once;
 
 const SLOTS: usize = 4096;
@@ -27,6 +27,7 @@ static LENGTHS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 static FAULTS: AtomicU64 = AtomicU64::new(0);
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static INSTALL: Once = Once::new();
+static STRICT: AtomicBool = AtomicBool::new(false);
 
 /// What callers report when [`faults`] moved during their work.
 pub const CHANGED: &str = "the source file changed (truncated?) while it was read; reopen it";
@@ -36,8 +37,8 @@ pub fn faults() -> u64 {
     FAULTS.load(Ordering::SeqCst)
 }
 
-/// Installs the handler (once per process). Binaries that serve mapped
-/// files to others (the mount, `qem cat`) call this at start-up.
+/// Installs the handler (once per process). The mount daemon calls this at
+/// start-up; the `qem` and `semq` commands call [`install_strict`].
 pub fn install() {
     INSTALL.call_once(|| {
         // SAFETY: sysconf has no preconditions; sigaction gets a zeroed,
@@ -55,6 +56,21 @@ pub fn install() {
             libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
         }
     });
+}
+
+/// [`install`], and from now on refuse to publish any output file
+/// ([`crate::publish::AtomicFile`]) once a fault was absorbed while it was
+/// written: for one-shot commands, whose outputs derive from their mapped
+/// inputs. (A long-running server, whose outputs need not derive from a
+/// file that changed, calls [`install`] alone.)
+pub fn install_strict() {
+    install();
+    STRICT.store(true, Ordering::SeqCst);
+}
+
+/// Whether [`install_strict`] was called.
+pub fn strict() -> bool {
+    STRICT.load(Ordering::SeqCst)
 }
 
 extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {

@@ -22,6 +22,8 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 pub enum PublishError {
     #[error("{0}: already exists; refusing to replace it (choose another name or remove it)")]
     Exists(PathBuf),
+    #[error("{}: not written: {}", .0.display(), crate::mapguard::CHANGED)]
+    SourceChanged(PathBuf),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -53,12 +55,18 @@ pub struct AtomicFile {
     temp: PathBuf,
     file: Option<File>,
     overwrite: Overwrite,
+    /// [`crate::mapguard::faults`] when writing began: under
+    /// [`crate::mapguard::install_strict`], an input mapped by this process
+    /// that was truncated since reads as zeros in parts, so the output is
+    /// not published.
+    faults: u64,
 }
 
 impl AtomicFile {
     /// Starts writing `target`. Fails at once when `target` exists and may
     /// not be replaced, so no work is wasted on an output that cannot land.
     pub fn create(target: impl AsRef<Path>, overwrite: Overwrite) -> Result<Self, PublishError> {
+        let faults = crate::mapguard::faults();
         let target = target.as_ref().to_path_buf();
         let name = target
             .file_name()
@@ -101,6 +109,7 @@ impl AtomicFile {
             temp,
             file: Some(file),
             overwrite,
+            faults,
         })
     }
 
@@ -119,6 +128,10 @@ impl AtomicFile {
     /// Flushes and fsyncs the data, then puts it under the final name and
     /// fsyncs the directory so the name survives a crash too.
     pub fn publish(mut self) -> Result<(), PublishError> {
+        if crate::mapguard::strict() && crate::mapguard::faults() != self.faults {
+            // Dropping self removes the temporary file.
+            return Err(PublishError::SourceChanged(self.target.clone()));
+        }
         let file = self.file.take().expect("file present until publish");
         file.sync_all()
             .map_err(|e| PublishError::io(&self.temp, e))?;

@@ -70,6 +70,12 @@ impl From<io::Error> for Failure {
 /// error on stderr.
 pub fn finish(result: Result<u8, Failure>) -> ExitCode {
     match result {
+        // Some mapped input changed under us and parts of it read as
+        // zeros: whatever was printed cannot be trusted.
+        Ok(_) if qemfs::mapguard::faults() > 0 => {
+            eprintln!("error: an input file changed (truncated?) while it was read; the output above is not trustworthy: run again on a stable copy");
+            ExitCode::from(ERROR)
+        }
         Ok(status) => ExitCode::from(status),
         Err(e) if e.closed_pipe => ExitCode::from(OK),
         Err(e) => {

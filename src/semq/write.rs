@@ -29,6 +29,13 @@ pub fn write_new_file(path: &Path, bytes: &[u8]) -> Result<()> {
             source: io::Error::new(io::ErrorKind::AlreadyExists, "file exists"),
             path,
         },
+        PublishError::SourceChanged(path) => SemqError::Io {
+            source: io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("not written: {}", crate::mapguard::CHANGED),
+            ),
+            path,
+        },
         PublishError::Io { path, source } => SemqError::Io { path, source },
     })
 }

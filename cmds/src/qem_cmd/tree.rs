@@ -27,7 +27,6 @@ fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Fail
 fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
     // The tree checks for truncated sources; the guard keeps them from
     // ending the process first.
-    qemfs::mapguard::install();
     // One command reads each block once; a small budget suffices.
     Tree::new(
         ".",

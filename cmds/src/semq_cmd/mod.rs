@@ -9,6 +9,9 @@ use crate::semq_args::{Cli, Command};
 
 /// Runs a parsed command line; the exit status on success.
 pub fn run(cli: Cli) -> Result<u8, Failure> {
+    // A mapped input truncated by another process reads as zeros instead
+    // of killing us; `exit::finish` and every published output then fail.
+    qemfs::mapguard::install_strict();
     match cli.command {
         Command::Show(a) => report::show(&a),
         Command::Diff(a) => report::diff(&a),

@@ -258,6 +258,8 @@ pub enum WriteError {
     WrongFinish,
     #[error("{path} already exists; a .qem file is never replaced, choose another name or remove it first")]
     TargetExists { path: PathBuf },
+    #[error("{path}: not written: {}", crate::mapguard::CHANGED)]
+    SourceChanged { path: PathBuf },
     #[error("I/O error on {path}: {source}")]
     Io {
         path: PathBuf,

@@ -89,6 +89,7 @@ pub(crate) fn check_target_free(target: &Path) -> Result<(), WriteError> {
 pub(crate) fn publish_error(e: crate::publish::PublishError) -> WriteError {
     match e {
         crate::publish::PublishError::Exists(path) => WriteError::TargetExists { path },
+        crate::publish::PublishError::SourceChanged(path) => WriteError::SourceChanged { path },
         crate::publish::PublishError::Io { path, source } => WriteError::Io { path, source },
     }
 }
