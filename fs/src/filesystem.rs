@@ -30,6 +30,9 @@ struct Inode {
     /// Modification time of the source behind the node when the number
     /// was handed out.
     version: SystemTime,
+    /// The kernel's references: one per entry reply (lookup, a
+    /// readdirplus entry other than `.` and `..`), given back by FORGET.
+    lookups: u64,
 }
 
 #[derive(Default)]
@@ -60,9 +63,42 @@ impl Inodes {
                 path: path.to_string(),
                 node: None,
                 version,
+                lookups: 0,
             },
         );
         ino
+    }
+
+    /// The kernel took a reference to `ino` (an entry reply).
+    fn referenced(&mut self, ino: u64) {
+        if let Some(inode) = self.by_ino.get_mut(&ino) {
+            inode.lookups += 1;
+        }
+    }
+
+    /// The kernel gave back `n` references (FORGET); a number nobody
+    /// holds any more is dropped, so the table stays as large as the
+    /// kernel's inode cache, however often sources change.
+    fn forget(&mut self, ino: u64, n: u64) {
+        let Some(inode) = self.by_ino.get_mut(&ino) else {
+            return;
+        };
+        inode.lookups = inode.lookups.saturating_sub(n);
+        if inode.lookups == 0 {
+            self.drop_unreferenced(ino);
+        }
+    }
+
+    /// Drops `ino` if the kernel holds no reference to it (the root stays).
+    fn drop_unreferenced(&mut self, ino: u64) {
+        if ino == ROOT || self.by_ino.get(&ino).is_none_or(|i| i.lookups > 0) {
+            return;
+        }
+        if let Some(inode) = self.by_ino.remove(&ino) {
+            if self.by_path.get(&inode.path) == Some(&ino) {
+                self.by_path.remove(&inode.path);
+            }
+        }
     }
 }
 
@@ -127,6 +163,7 @@ impl QemFs {
                 path: String::new(),
                 node: Some(Node::SourceDir(tree.root().to_path_buf())),
                 version: SystemTime::UNIX_EPOCH,
+                lookups: 1,
             },
         );
         let pool = crate::workers::Workers::new(workers.max(2))?;
@@ -218,6 +255,7 @@ impl Filesystem for QemFs {
                     if let Some(inode) = inodes.by_ino.get_mut(&ino) {
                         inode.node = Some(node);
                     }
+                    inodes.referenced(ino);
                     ino
                 };
                 reply.entry(&TTL, &self.file_attr(ino, &attr), Generation(0));
@@ -364,6 +402,7 @@ impl Filesystem for QemFs {
         let Some(listing) = lock(&self.dirs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
+        let mut added = Vec::new();
         for (i, (ino, attr, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
             let attr = self.file_attr(*ino, attr);
             if reply.add(
@@ -375,6 +414,16 @@ impl Filesystem for QemFs {
                 Generation(0),
             ) {
                 break;
+            }
+            // The kernel takes a reference to every entry but `.` and `..`.
+            if i >= 2 {
+                added.push(*ino);
+            }
+        }
+        {
+            let mut inodes = lock(&self.inodes);
+            for ino in added {
+                inodes.referenced(ino);
             }
         }
         reply.ok();
@@ -388,8 +437,21 @@ impl Filesystem for QemFs {
         _flags: OpenFlags,
         reply: fuser::ReplyEmpty,
     ) {
-        lock(&self.dirs).remove(&fh.0);
+        // Numbers of entries the kernel never took (a listing abandoned
+        // part way, or plain readdir) go; a later lookup makes new ones.
+        if let Some(listing) = lock(&self.dirs).remove(&fh.0) {
+            let mut inodes = lock(&self.inodes);
+            for (ino, _, _) in listing.entries.iter().skip(2) {
+                inodes.drop_unreferenced(*ino);
+            }
+        }
         reply.ok();
+    }
+
+    // BATCH_FORGET comes here too: fuser's default splits it (its
+    // `ForgetOne` is not public, so it cannot be overridden).
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        lock(&self.inodes).forget(ino.0, nlookup);
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -441,4 +503,79 @@ pub fn timestamp() -> String {
         .duration_since(SystemTime::UNIX_EPOCH)
         .unwrap_or_default();
     format!("{}.{:03}", now.as_secs(), now.subsec_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> Inodes {
+        let mut t = Inodes {
+            next: ROOT,
+            ..Inodes::default()
+        };
+        t.by_path.insert(String::new(), ROOT);
+        t.by_ino.insert(
+            ROOT,
+            Inode {
+                path: String::new(),
+                node: None,
+                version: SystemTime::UNIX_EPOCH,
+                lookups: 1,
+            },
+        );
+        t
+    }
+
+    #[test]
+    fn a_number_lives_until_the_kernel_returns_every_reference() {
+        let t0 = SystemTime::UNIX_EPOCH;
+        let mut t = table();
+        let a = t.ino_of("x.qem/info.json", t0);
+        assert_eq!(t.ino_of("x.qem/info.json", t0), a, "stable while held");
+        t.referenced(a);
+        t.referenced(a);
+        t.forget(a, 1);
+        assert!(t.by_ino.contains_key(&a));
+        t.forget(a, 1);
+        assert!(!t.by_ino.contains_key(&a));
+        assert!(!t.by_path.contains_key("x.qem/info.json"));
+        // Resolving the path again gives a new number, never an old one.
+        let b = t.ino_of("x.qem/info.json", t0);
+        assert!(b > a);
+        // The root is never dropped.
+        t.forget(ROOT, 5);
+        t.drop_unreferenced(ROOT);
+        assert!(t.by_ino.contains_key(&ROOT));
+    }
+
+    #[test]
+    fn forgetting_an_old_version_keeps_the_current_one() {
+        let (t0, t1) = (
+            SystemTime::UNIX_EPOCH,
+            SystemTime::UNIX_EPOCH + Duration::from_secs(1),
+        );
+        let mut t = table();
+        let old = t.ino_of("x.qem/data.npy", t0);
+        t.referenced(old);
+        let new = t.ino_of("x.qem/data.npy", t1);
+        assert_ne!(old, new, "a changed source gets a new number");
+        t.referenced(new);
+        t.forget(old, 1);
+        assert!(!t.by_ino.contains_key(&old));
+        assert_eq!(t.by_path.get("x.qem/data.npy"), Some(&new));
+        assert_eq!(t.ino_of("x.qem/data.npy", t1), new);
+    }
+
+    #[test]
+    fn listed_but_never_taken_numbers_can_go() {
+        let mut t = table();
+        let listed = t.ino_of("y.qem", SystemTime::UNIX_EPOCH);
+        let taken = t.ino_of("z.qem", SystemTime::UNIX_EPOCH);
+        t.referenced(taken);
+        t.drop_unreferenced(listed);
+        t.drop_unreferenced(taken);
+        assert!(!t.by_ino.contains_key(&listed));
+        assert!(t.by_ino.contains_key(&taken));
+    }
 }

@@ -535,3 +535,45 @@ fn parallel_readers_survive_truncation_and_replacement() {
     assert!(out.status.success(), "{report}");
     assert!(report.contains("truncate+replace cycles"), "{report}");
 }
+
+#[test]
+fn numbers_the_kernel_forgets_are_freed_and_paths_still_resolve() {
+    if !can_mount() {
+        return;
+    }
+    use std::os::unix::fs::MetadataExt;
+    let m = Mounted::daemon();
+    let frame = m.path("u8-two-block-chunks.qem/frames/0/000.npy");
+    let before = fs::metadata(&frame).unwrap().ino();
+    let bytes = fs::read(&frame).unwrap();
+    // Evict unused dentries and inodes: the kernel sends FORGET for each.
+    let drop = || {
+        // SAFETY: sync has no preconditions.
+        unsafe { libc::sync() };
+        fs::write("/proc/sys/vm/drop_caches", b"2").expect("root writes drop_caches");
+    };
+    // The daemon dropped its number (so the table follows the kernel's
+    // cache instead of growing): the path resolves again, under a new
+    // number, to the same bytes. Numbers are never reused.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let after = loop {
+        drop();
+        let ino = fs::metadata(&frame).unwrap().ino();
+        if ino != before || Instant::now() > deadline {
+            break ino;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_ne!(after, before, "the forgotten number was not freed");
+    assert_eq!(fs::read(&frame).unwrap(), bytes);
+    // Listings and reads keep working after any number of evictions.
+    for _ in 0..3 {
+        drop();
+        let names: Vec<_> = fs::read_dir(m.path("u8-two-block-chunks.qem/frames/0"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(!names.is_empty());
+        assert_eq!(fs::read(&frame).unwrap(), bytes);
+    }
+}
