@@ -11,3 +11,5 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
   export XDG_RUNTIME_DIR
 fi
 cargo test --workspace --release
+# The optional CUDA backend builds, and without a driver fails cleanly.
+cargo test --release -p qemfs-gpu --features cuda
