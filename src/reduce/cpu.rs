@@ -128,7 +128,16 @@ fn reduce_exact(
     let p_count = file.pixels();
     let mut mask_sums = vec![Vec::with_capacity(plan.frames); masks];
     let mut moments = [(); 3].map(|_| Vec::with_capacity(plan.frames));
-    let mut pattern_sum = vec![0u64; if request.pattern { p_count } else { 0 }];
+    // Pattern accumulators in `plan.pixels` order, updated in parallel
+    // (one pixel's column per task) and placed by pixel at the end.
+    let mut pattern_sum = vec![
+        0u64;
+        if request.pattern {
+            plan.pixels.len()
+        } else {
+            0
+        }
+    ];
     let mut pattern_max = vec![0u64; pattern_sum.len()];
     for b in blocks {
         let m = file.blocks()[b].frames;
@@ -183,14 +192,25 @@ fn reduce_exact(
             }
         }
         if request.pattern {
-            // `plan.pixels` are the valid pixels; invalid ones stay 0.
-            for (col, &p) in values.chunks_exact(m.max(1)).zip(&plan.pixels) {
-                pattern_sum[p] += col.iter().map(|&v| u64::from(v)).sum::<u64>();
-                let max = u64::from(col.iter().copied().max().unwrap_or(0));
-                pattern_max[p] = pattern_max[p].max(max);
-            }
+            pattern_sum
+                .par_iter_mut()
+                .zip(pattern_max.par_iter_mut())
+                .zip(values.par_chunks_exact(m.max(1)))
+                .for_each(|((sum, max), col)| {
+                    *sum += col.iter().map(|&v| u64::from(v)).sum::<u64>();
+                    *max = (*max).max(u64::from(col.iter().copied().max().unwrap_or(0)));
+                });
         }
     }
+    // `plan.pixels` are the valid pixels; invalid ones stay 0.
+    let by_pixel = |acc: Vec<u64>| {
+        let mut out = vec![0u64; if request.pattern { p_count } else { 0 }];
+        for (&p, v) in plan.pixels.iter().zip(acc) {
+            out[p] = v;
+        }
+        out
+    };
+    let (pattern_sum, pattern_max) = (by_pixel(pattern_sum), by_pixel(pattern_max));
     let [total, row, column] = moments;
     Ok(Partial {
         masks: mask_sums.into_iter().map(Values::Exact).collect(),
@@ -218,9 +238,17 @@ fn reduce_float(
     let p_count = file.pixels();
     let mut mask_sums = vec![Vec::with_capacity(plan.frames); masks];
     let mut moments = [(); 3].map(|_| Vec::with_capacity(plan.frames));
-    let mut pattern_sum = vec![Kahan::default(); if request.pattern { p_count } else { 0 }];
-    let mut pattern_max = vec![0f32; pattern_sum.len()];
-    let mut seen = vec![false; pattern_sum.len()];
+    // Per pixel in `plan.pixels` order: compensated sum, maximum, whether a
+    // value was seen. Each pixel's values are added in frame order, one
+    // pixel per task, so the result does not depend on the thread count.
+    let mut pattern = vec![
+        (Kahan::default(), 0f32, false);
+        if request.pattern {
+            plan.pixels.len()
+        } else {
+            0
+        }
+    ];
     let background = request.background.as_deref();
     for b in blocks {
         let m = file.blocks()[b].frames;
@@ -278,15 +306,25 @@ fn reduce_float(
             }
         }
         if request.pattern {
-            for (col, &p) in bits.chunks_exact(m.max(1)).zip(&plan.pixels) {
-                for &v in col {
-                    let v = value(v, p);
-                    pattern_sum[p].add(v);
-                    pattern_max[p] = nan_max(pattern_max[p], v, seen[p]);
-                    seen[p] = true;
-                }
-            }
+            pattern
+                .par_iter_mut()
+                .zip(bits.par_chunks_exact(m.max(1)))
+                .zip(plan.pixels.par_iter())
+                .for_each(|(((sum, max, seen), col), &p)| {
+                    for &v in col {
+                        let v = value(v, p);
+                        sum.add(v);
+                        *max = nan_max(*max, v, *seen);
+                        *seen = true;
+                    }
+                });
         }
+    }
+    let mut pattern_sum = vec![0f32; if request.pattern { p_count } else { 0 }];
+    let mut pattern_max = pattern_sum.clone();
+    for (&p, (sum, max, _)) in plan.pixels.iter().zip(&pattern) {
+        pattern_sum[p] = sum.value();
+        pattern_max[p] = *max;
     }
     let [total, row, column] = moments;
     Ok(Partial {
@@ -297,7 +335,7 @@ fn reduce_float(
             column: Values::Float(column),
         }),
         pattern: request.pattern.then_some(Pattern {
-            sum: Values::Float(pattern_sum.iter().map(Kahan::value).collect()),
+            sum: Values::Float(pattern_sum),
             max: Values::Float(pattern_max),
         }),
     })
