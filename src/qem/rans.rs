@@ -704,6 +704,8 @@ mod simd {
                 hi[v] = _mm256_srli_epi32::<{ SCALE_BITS as i32 }>(vx[v]);
                 any_ge2 = _mm256_or_si256(any_ge2, _mm256_cmpgt_epi32(slot[v], c2m1[v]));
             }
+            // Only a table lookup can yield the escape symbol.
+            let mut any_esc = _mm256_setzero_si256();
             if _mm256_testz_si256(any_ge2, any_ge2) != 0 {
                 // Every lane's symbol is 0 or 1 (the common case at low
                 // dose): the frequency and start come from two per-lane
@@ -726,10 +728,10 @@ mod simd {
                     y[v] =
                         _mm256_add_epi32(_mm256_mullo_epi32(f, hi[v]), _mm256_and_si256(e, mask));
                     vals[v] = _mm256_and_si256(_mm256_srli_epi32::<10>(e), sym_mask);
+                    any_esc = _mm256_or_si256(any_esc, _mm256_cmpeq_epi32(vals[v], escape));
                 }
             }
             let mut any_spent = _mm256_setzero_si256();
-            let mut any_esc = _mm256_setzero_si256();
             for v in 0..nv {
                 // y < 2^31, so signed compares are exact; n = bytes to
                 // shift in (0, 1 or 2).
@@ -753,7 +755,6 @@ mod simd {
                 wc[v] = _mm256_sllv_epi32(wc[v], sh);
                 vp[v] = _mm256_add_epi32(vp[v], n);
                 any_spent = _mm256_or_si256(any_spent, _mm256_cmpgt_epi32(vp[v], limit[v]));
-                any_esc = _mm256_or_si256(any_esc, _mm256_cmpeq_epi32(vals[v], escape));
             }
             if _mm256_testz_si256(any_spent, any_spent) == 0 {
                 for v in 0..nv {
@@ -784,11 +785,19 @@ mod simd {
                     (wa[v], wb[v], wc[v], limit[v]) = refill(vp[v]);
                 }
             }
-            for v in 0..nv {
+            if nv == 2 {
+                // Values are below 2^16: one pack gives the 16 lanes as
+                // quarters (0-3, 8-11, 4-7, 12-15), put in order by one
+                // permutation, and one store.
+                let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
+                    vals[0], vals[1],
+                ));
+                _mm256_storeu_si256(row[..16].as_mut_ptr() as *mut __m256i, packed);
+            } else {
                 let packed =
-                    _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(vals[v], vals[v]));
+                    _mm256_permute4x64_epi64::<0b1000>(_mm256_packus_epi32(vals[0], vals[0]));
                 _mm_storeu_si128(
-                    row[8 * v..8 * v + 8].as_mut_ptr() as *mut __m128i,
+                    row[..8].as_mut_ptr() as *mut __m128i,
                     _mm256_castsi256_si128(packed),
                 );
             }
