@@ -1,10 +1,10 @@
 //! The CPU reference implementation of [`Accelerator`].
 //!
-//! One block at a time: the streams the request needs are decoded (all of
-//! them for moments or a pattern, else only the masks' pixels), then
-//! reduced in parallel over fixed groups of pixels whose partial results
-//! are merged in pixel order, so float results do not depend on the number
-//! of threads.
+//! One block at a time, in parallel over fixed groups of pixels: each task
+//! decodes its group's streams (all valid pixels for moments or a pattern,
+//! else only the masks' pixels) and reduces them while they are in cache.
+//! Partial results are merged in pixel order, so float results do not
+//! depend on the number of threads.
 
 use std::ops::Range;
 
@@ -12,7 +12,7 @@ use rayon::prelude::*;
 
 use super::accelerator::{Accelerator, Moments, Partial, Pattern, ReduceError, Request, Values};
 use super::kahan::Kahan;
-use crate::qem::{Codec, PixelValues, QemFile};
+use crate::qem::{Codec, PixelValues, QemError, QemFile};
 
 /// Reductions on the CPU, in parallel with rayon.
 #[derive(Debug, Clone, Copy, Default)]
@@ -128,32 +128,32 @@ fn reduce_exact(
     let p_count = file.pixels();
     let mut mask_sums = vec![Vec::with_capacity(plan.frames); masks];
     let mut moments = [(); 3].map(|_| Vec::with_capacity(plan.frames));
-    // Pattern accumulators in `plan.pixels` order, updated in parallel
-    // (one pixel's column per task) and placed by pixel at the end.
-    let mut pattern_sum = vec![
-        0u64;
-        if request.pattern {
-            plan.pixels.len()
-        } else {
-            0
-        }
-    ];
-    let mut pattern_max = vec![0u64; pattern_sum.len()];
+    // Pattern sum and maximum per entry of `plan.pixels`, each group's
+    // entries updated by the task that decodes the group.
+    let mut pattern = vec![(0u64, 0u64); plan.pixels.len()];
     for b in blocks {
         let m = file.blocks()[b].frames;
-        let decoded = file.decode_block_pixels(b, &plan.pixels)?;
-        let PixelValues::U16(values) = decoded.values else {
-            unreachable!("integer codecs decode to u16");
-        };
-        // Per group: mask sums, then total/row/column, each `m` per frame.
-        let parts: Vec<(Vec<u64>, Vec<u64>)> = values
-            .par_chunks(GROUP * m.max(1))
-            .zip(plan.pixels.par_chunks(GROUP))
+        // Each task decodes one group of pixels and reduces it while the
+        // values are in cache; the block is never laid out whole.
+        let parts = plan
+            .pixels
+            .par_chunks(GROUP)
             .zip(plan.membership.par_chunks(GROUP))
-            .map(|((cols, pixels), member)| {
+            .zip(pattern.par_chunks_mut(GROUP))
+            .map(|((pixels, member), pattern)| {
+                let decoded = file.decode_block_pixels(b, pixels)?;
+                let PixelValues::U16(cols) = decoded.values else {
+                    unreachable!("integer codecs decode to u16");
+                };
+                // Mask sums, then total/row/column, each `m` per frame.
                 let mut sums = vec![0u64; masks * m];
                 let mut mom = vec![0u64; if request.moments { 3 * m } else { 0 }];
-                for ((col, &p), &bits) in cols.chunks_exact(m).zip(pixels).zip(member) {
+                for (((col, &p), &bits), (sum, max)) in cols
+                    .chunks_exact(m.max(1))
+                    .zip(pixels)
+                    .zip(member)
+                    .zip(pattern.iter_mut())
+                {
                     let mut bits = bits;
                     while bits != 0 {
                         let i = bits.trailing_zeros() as usize;
@@ -173,10 +173,14 @@ fn reduce_exact(
                             column[t] += c * v;
                         }
                     }
+                    if request.pattern {
+                        *sum += col.iter().map(|&v| u64::from(v)).sum::<u64>();
+                        *max = (*max).max(u64::from(col.iter().copied().max().unwrap_or(0)));
+                    }
                 }
-                (sums, mom)
+                Ok((sums, mom))
             })
-            .collect();
+            .collect::<Result<Vec<_>, QemError>>()?;
         let mut sums = vec![0u64; masks * m];
         let mut mom = vec![0u64; if request.moments { 3 * m } else { 0 }];
         for (s, mo) in parts {
@@ -191,26 +195,15 @@ fn reduce_exact(
                 acc.extend_from_slice(&mom[k * m..(k + 1) * m]);
             }
         }
-        if request.pattern {
-            pattern_sum
-                .par_iter_mut()
-                .zip(pattern_max.par_iter_mut())
-                .zip(values.par_chunks_exact(m.max(1)))
-                .for_each(|((sum, max), col)| {
-                    *sum += col.iter().map(|&v| u64::from(v)).sum::<u64>();
-                    *max = (*max).max(u64::from(col.iter().copied().max().unwrap_or(0)));
-                });
-        }
     }
     // `plan.pixels` are the valid pixels; invalid ones stay 0.
-    let by_pixel = |acc: Vec<u64>| {
-        let mut out = vec![0u64; if request.pattern { p_count } else { 0 }];
-        for (&p, v) in plan.pixels.iter().zip(acc) {
-            out[p] = v;
+    let mut pattern_sum = vec![0u64; if request.pattern { p_count } else { 0 }];
+    let mut pattern_max = pattern_sum.clone();
+    if request.pattern {
+        for (&p, &(sum, max)) in plan.pixels.iter().zip(&pattern) {
+            (pattern_sum[p], pattern_max[p]) = (sum, max);
         }
-        out
-    };
-    let (pattern_sum, pattern_max) = (by_pixel(pattern_sum), by_pixel(pattern_max));
+    }
     let [total, row, column] = moments;
     Ok(Partial {
         masks: mask_sums.into_iter().map(Values::Exact).collect(),
@@ -238,36 +231,37 @@ fn reduce_float(
     let p_count = file.pixels();
     let mut mask_sums = vec![Vec::with_capacity(plan.frames); masks];
     let mut moments = [(); 3].map(|_| Vec::with_capacity(plan.frames));
-    // Per pixel in `plan.pixels` order: compensated sum, maximum, whether a
-    // value was seen. Each pixel's values are added in frame order, one
-    // pixel per task, so the result does not depend on the thread count.
-    let mut pattern = vec![
-        (Kahan::default(), 0f32, false);
-        if request.pattern {
-            plan.pixels.len()
-        } else {
-            0
-        }
-    ];
+    // Per entry of `plan.pixels`: compensated sum, maximum, whether a
+    // value was seen. Each pixel's values are added in frame order by the
+    // task that decodes its group, so results do not depend on the number
+    // of threads.
+    let mut pattern = vec![(Kahan::default(), 0f32, false); plan.pixels.len()];
     let background = request.background.as_deref();
+    let value = |bits: u32, p: usize| {
+        let v = f32::from_bits(bits);
+        background.map_or(v, |bg| v - bg[p])
+    };
     for b in blocks {
         let m = file.blocks()[b].frames;
-        let decoded = file.decode_block_pixels(b, &plan.pixels)?;
-        let PixelValues::F32Bits(bits) = decoded.values else {
-            unreachable!("the float codec decodes to bits");
-        };
-        let value = |bits: u32, p: usize| {
-            let v = f32::from_bits(bits);
-            background.map_or(v, |bg| v - bg[p])
-        };
-        let parts: Vec<(Vec<Kahan>, Vec<Kahan>)> = bits
-            .par_chunks(GROUP * m.max(1))
-            .zip(plan.pixels.par_chunks(GROUP))
+        // As for counts: each task decodes one group and reduces it.
+        let parts = plan
+            .pixels
+            .par_chunks(GROUP)
             .zip(plan.membership.par_chunks(GROUP))
-            .map(|((cols, pixels), member)| {
+            .zip(pattern.par_chunks_mut(GROUP))
+            .map(|((pixels, member), pattern)| {
+                let decoded = file.decode_block_pixels(b, pixels)?;
+                let PixelValues::F32Bits(cols) = decoded.values else {
+                    unreachable!("the float codec decodes to bits");
+                };
                 let mut sums = vec![Kahan::default(); masks * m];
                 let mut mom = vec![Kahan::default(); if request.moments { 3 * m } else { 0 }];
-                for ((col, &p), &bits) in cols.chunks_exact(m).zip(pixels).zip(member) {
+                for (((col, &p), &bits), (sum, max, seen)) in cols
+                    .chunks_exact(m.max(1))
+                    .zip(pixels)
+                    .zip(member)
+                    .zip(pattern.iter_mut())
+                {
                     let mut bits = bits;
                     while bits != 0 {
                         let i = bits.trailing_zeros() as usize;
@@ -287,10 +281,18 @@ fn reduce_float(
                             column[t].add(c * v);
                         }
                     }
+                    if request.pattern {
+                        for &v in col {
+                            let v = value(v, p);
+                            sum.add(v);
+                            *max = nan_max(*max, v, *seen);
+                            *seen = true;
+                        }
+                    }
                 }
-                (sums, mom)
+                Ok((sums, mom))
             })
-            .collect();
+            .collect::<Result<Vec<_>, QemError>>()?;
         let mut sums = vec![Kahan::default(); masks * m];
         let mut mom = vec![Kahan::default(); if request.moments { 3 * m } else { 0 }];
         for (s, mo) in parts {
@@ -305,26 +307,14 @@ fn reduce_float(
                 acc.extend(mom[k * m..(k + 1) * m].iter().map(Kahan::value));
             }
         }
-        if request.pattern {
-            pattern
-                .par_iter_mut()
-                .zip(bits.par_chunks_exact(m.max(1)))
-                .zip(plan.pixels.par_iter())
-                .for_each(|(((sum, max, seen), col), &p)| {
-                    for &v in col {
-                        let v = value(v, p);
-                        sum.add(v);
-                        *max = nan_max(*max, v, *seen);
-                        *seen = true;
-                    }
-                });
-        }
     }
     let mut pattern_sum = vec![0f32; if request.pattern { p_count } else { 0 }];
     let mut pattern_max = pattern_sum.clone();
-    for (&p, (sum, max, _)) in plan.pixels.iter().zip(&pattern) {
-        pattern_sum[p] = sum.value();
-        pattern_max[p] = *max;
+    if request.pattern {
+        for (&p, (sum, max, _)) in plan.pixels.iter().zip(&pattern) {
+            pattern_sum[p] = sum.value();
+            pattern_max[p] = *max;
+        }
     }
     let [total, row, column] = moments;
     Ok(Partial {
