@@ -14,10 +14,12 @@
 //! On x86_64 with AVX2 (detected at run time), 8 or 16 lanes run in the
 //! 32-bit slots of AVX2 registers: while every lane's slot falls on symbol
 //! 0 or 1 (most steps at low dose) the frequency comes from per-lane
-//! constants, otherwise from a gather; each lane's next 4 bytes are
-//! gathered ahead of the renormalisation that uses them. Other targets use
-//! the scalar lanes; both give the same values and faults (the careful
-//! decoder names any fault).
+//! constants, otherwise from a gather; each lane keeps a 12-byte window of
+//! its stream, gathered anew only when some lane has used most of it. The
+//! lanes' values of one step form a row, written either into per-stream
+//! columns ([`decode_many`]) or straight into frame-major output
+//! ([`decode_many_rows`]). Other targets use the scalar lanes; both give
+//! the same values and faults (the careful decoder names any fault).
 
 use std::sync::OnceLock;
 
@@ -450,10 +452,11 @@ fn run4<const N: usize>(
     (pos[0], pos[1], pos[2], pos[3]) = (p0, p1, p2, p3);
 }
 
-/// Eight lanes in the 32-bit slots of one AVX2 register: the table entries
-/// and the renormalisation bytes are fetched with gathers, so a step of all
-/// eight streams costs about as much as one scalar step. Same arithmetic as
-/// [`step`]; escapes (rare) are finished in scalar code.
+/// Eight or sixteen lanes in the 32-bit slots of one or two AVX2
+/// registers: table entries (for symbols above 1) and the stream bytes are
+/// fetched with gathers, so a step of all lanes costs about as much as one
+/// scalar step. Same arithmetic as [`step`]; escapes (rare) are finished in
+/// scalar code.
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use std::arch::x86_64::*;
@@ -467,8 +470,9 @@ mod simd {
 
     /// Runs the steps `range` of `L` lanes (8 or 16). Every lane must have
     /// at least `4 * range.len() + 12` bytes of `buf` from `pos[j]` on (one
-    /// step consumes at most 4, and the next 12 bytes are prefetched), tables `ks[j] < 64`, and
-    /// `buf.len() <= i32::MAX`. Values go to `outs[j][range]`.
+    /// step consumes at most 4, and a 12-byte window is prefetched), tables
+    /// `ks[j] < 64`, and `buf.len() <= i32::MAX`. Values go to
+    /// `outs[j][range]`, through the row-major `tile`.
     pub fn run<const L: usize>(
         ks: [usize; L],
         buf: &[u8],
