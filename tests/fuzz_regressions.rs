@@ -8,14 +8,14 @@ use qemfs::npy::{self, NpyError};
 /// whose `descr` starts with a two-byte character (`'Ɠu2'`).
 /// `DType::from_descr` split the string after its first byte, inside the
 /// character, and panicked; `qem convert` and `semq encode` aborted on such
-/// an input instead of reporting it.
+/// an input instead of reporting it. Kept as a file, which the command-line
+/// tests feed to `qem convert` and `semq encode` too.
 fn npy_v3_descr_multibyte() -> Vec<u8> {
-    let mut bytes = b"\x93NUMPY\x03\x00\x74\x00\x00\x00".to_vec();
-    bytes.extend_from_slice(
-        "{'descr': '\u{193}u2', 'fortran_order': False, 'shape': (2, 2, 2), }".as_bytes(),
-    );
-    bytes.resize(127, b' ');
-    bytes.extend_from_slice(b"\n\x00");
+    let bytes = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/regressions/npy-v3-descr-multibyte.npy"
+    ))
+    .unwrap();
     assert_eq!(bytes.len(), 129);
     bytes
 }

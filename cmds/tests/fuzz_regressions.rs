@@ -5,17 +5,16 @@
 use assert_cmd::Command;
 use std::fs;
 
-/// The `npy_parse` finding (see `tests/fuzz_regressions.rs` of the core
-/// library): a format 3.0 `.npy` whose `descr` starts with a two-byte
-/// character made `DType::from_descr` panic.
+/// The `npy_parse` finding, kept in `tests/regressions/` (see
+/// `tests/fuzz_regressions.rs` of the core library): a format 3.0 `.npy`
+/// whose `descr` starts with a two-byte character made `DType::from_descr`
+/// panic.
 fn npy_v3_descr_multibyte() -> Vec<u8> {
-    let mut bytes = b"\x93NUMPY\x03\x00\x74\x00\x00\x00".to_vec();
-    bytes.extend_from_slice(
-        "{'descr': '\u{193}u2', 'fortran_order': False, 'shape': (2, 2, 2), }".as_bytes(),
-    );
-    bytes.resize(127, b' ');
-    bytes.extend_from_slice(b"\n\x00");
-    bytes
+    fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/regressions/npy-v3-descr-multibyte.npy"
+    ))
+    .unwrap()
 }
 
 fn assert_clean_refusal(out: &std::process::Output, file: &std::path::Path) {

@@ -468,11 +468,8 @@ mod simd {
         is_x86_feature_detected!("avx2")
     }
 
-    /// Runs the steps `range` of `L` lanes (8 or 16). Every lane must have
-    /// at least `4 * range.len() + 12` bytes of `buf` from `pos[j]` on (one
-    /// step consumes at most 4, and a 12-byte window is prefetched), tables
-    /// `ks[j] < 64`, and `buf.len() <= i32::MAX`. Values go to
-    /// `outs[j][range]`, through the row-major `tile`.
+    /// Runs the steps `range` as [`run_rows`] does, the values going to
+    /// `outs[j][range]` through the row-major `tile`.
     pub fn run<const L: usize>(
         ks: [usize; L],
         buf: &[u8],
@@ -483,22 +480,18 @@ mod simd {
         tile: &mut Vec<u16>,
     ) {
         let n = range.len();
-        assert!(L == 8 || L == 16);
-        assert!(available() && buf.len() <= i32::MAX as usize);
-        for j in 0..L {
-            assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 12 <= buf.len());
-            assert!(outs[j].len() >= range.end);
-        }
+        assert!(outs.iter().all(|o| o.len() >= range.end));
         tile.clear();
         tile.resize(L * n, 0);
-        // SAFETY: AVX2 is present (checked above), and the asserts above
-        // are the bounds `kernel` relies on.
-        unsafe { kernel::<L>(&ks, buf, x, pos, tile, L, n) };
+        run_rows::<L>(ks, buf, x, pos, tile, L, n);
         transpose_out::<L>(tile, outs, range);
     }
 
-    /// Runs `n` steps of `L` lanes (8 or 16) as [`run`] does, writing the
-    /// values of step t to `rows[t * stride..][..L]`.
+    /// Runs `n` steps of `L` lanes (8 or 16), writing the values of step t
+    /// to `rows[t * stride..][..L]`. Every lane must have at least
+    /// `4 * n + 12` bytes of `buf` from `pos[j]` on (one step consumes at
+    /// most 4, and a 12-byte window is prefetched), tables `ks[j] < 64`,
+    /// and `buf.len() <= i32::MAX` (all asserted).
     pub fn run_rows<const L: usize>(
         ks: [usize; L],
         buf: &[u8],
@@ -513,7 +506,8 @@ mod simd {
         for j in 0..L {
             assert!(ks[j] < super::TABLES && pos[j] + 4 * n + 12 <= buf.len());
         }
-        // SAFETY: as in `run`; the rows are bound-checked slices.
+        // SAFETY: AVX2 is present and the asserts above are the bounds
+        // `kernel` relies on; the rows are bound-checked slices.
         unsafe { kernel::<L>(&ks, buf, x, pos, rows, stride, n) };
     }
 
