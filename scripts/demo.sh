@@ -24,7 +24,7 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
   ls -l "$mnt" "$mnt/scan-u16.qem" "$mnt/scan-u16.qem/virtual"
   echo "== logical_sha256 (decoded array) and sha256 (file bytes)"
   cat "$mnt/scan-u16.qem/logical_sha256" "$mnt/scan-u16.qem/sha256"
-  python3 - "$mnt" <<'PY'
+  "$PWD/.venv/bin/python" - "$mnt" <<'PY'
 import sys, numpy as np
 mnt = sys.argv[1]
 a = np.load(f"{mnt}/scan-u16.qem/data.npy", mmap_mode="r")

@@ -8,9 +8,15 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 2
 fi
 
-# numpy is a real client of the mount in the tests (np.load, mmap_mode="r").
-if ! python3 -c 'import numpy' >/dev/null 2>&1; then
-  python3 -m pip install --quiet --disable-pip-version-check numpy
+# The field's own Python readers and writers are real clients in the tests
+# (numpy, zarr, xarray, dask, tifffile, h5py): a virtual environment in
+# .venv/, remade whenever scripts/requirements-clients.txt changes.
+venv=.venv
+want=$(sha256sum scripts/requirements-clients.txt | cut -d' ' -f1)
+if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-clients.txt
+  echo "$want" >"$venv/.requirements.sha256"
 fi
 
 # The GPU tests (gpu/) run their WGSL shaders on Mesa's software Vulkan
@@ -21,7 +27,7 @@ if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1 ' >/dev/null \
   || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then
   sudo=""
   if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+  $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
     mesa-vulkan-drivers libvulkan1 >/dev/null
 fi

@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The tests' python3 is the virtual environment's, with the real clients.
+export PATH="$PWD/.venv/bin:$PATH"
 # Mesa's Vulkan drivers want a private runtime directory.
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"
@@ -13,3 +15,5 @@ fi
 cargo test --workspace --release
 # The optional CUDA backend builds, and without a driver fails cleanly.
 cargo test --release -p qemfs-gpu --features cuda
+# The field's own Python clients against the binaries just built.
+python -m pytest -q tests/clients
