@@ -13,3 +13,4 @@ pub mod qem;
 pub mod reduce;
 pub mod semq;
 pub mod tree;
+pub mod zarr;

@@ -15,6 +15,8 @@ Examples:
   qem convert scan.npy scan.qem --metadata calib.json
   qem convert scan.qem scan.npy
   qem convert scan.qem frames.tiff
+  qem convert scan.qem scan.zarr
+  qem convert scan.zarr scan.qem
   qem ls scan.qem virtual
   qem cat scan.qem virtual/sum.npy > sum.npy
 
@@ -112,9 +114,9 @@ fn parse_shape(text: &str) -> Result<[u32; 4], String> {
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// .npy, raw binary (with --shape and --dtype) or .qem
+    /// .npy, raw binary (with --shape and --dtype), .qem or a Zarr store (folder)
     pub input: PathBuf,
-    /// .qem, .npy or .tiff
+    /// .qem, .npy, .tiff or .zarr (a Zarr v3 store)
     pub output: PathBuf,
     /// JSON merged into the scientific metadata (calibration, voltage, ...)
     #[arg(long, value_name = "JSON")]
@@ -128,9 +130,25 @@ pub struct ConvertArgs {
     /// Scans per chunk of the written .qem
     #[arg(long)]
     pub chunk_scans: Option<u32>,
+    /// Compression of a written .zarr store's chunks
+    #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
+    pub zarr_compression: ZarrCompression,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+/// Chunk compression of `qem convert X.qem X.zarr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ZarrCompression {
+    /// blosc: byte shuffle, then zstd level 3
+    BloscZstd,
+    /// blosc: byte shuffle, then LZ4 (fastest to read)
+    BloscLz4,
+    /// zstd level 3
+    Zstd,
+    /// uncompressed
+    None,
 }
 
 #[derive(Debug, Args)]

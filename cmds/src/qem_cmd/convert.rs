@@ -1,5 +1,6 @@
-//! `qem convert IN OUT`: `.npy` or raw binary → `.qem`; `.qem` → `.qem`
-//! (re-encoded, metadata kept), `.npy` or multi-page `.tiff`.
+//! `qem convert IN OUT`: `.npy`, raw binary or a Zarr store → `.qem`;
+//! `.qem` → `.qem` (re-encoded, metadata kept), `.npy`, multi-page `.tiff`
+//! or a compressed Zarr v3 store.
 //!
 //! Inputs are recognised by their signature, outputs by their extension.
 //! Everything streams: `.npy` and raw inputs are memory-mapped and pushed in
@@ -20,9 +21,10 @@ use qemfs::qem::write::{
     scientific_metadata, Calibration, Content, CountDtype, ScaledRegion, WriteSpec, Writer,
 };
 use qemfs::qem::{Codec, Dtype, QemFile};
+use qemfs::zarr::store::{self as zarr_store, Compression, ZarrSource};
 
 use crate::exit::{Failure, OK};
-use crate::qem_args::{ConvertArgs, RawDtype};
+use crate::qem_args::{ConvertArgs, RawDtype, ZarrCompression};
 use crate::qem_cmd::inspect::open;
 
 /// Bytes pushed to the writer at a time from a mapped input.
@@ -30,6 +32,7 @@ const SLICE_BYTES: usize = 64 << 20;
 
 enum Input {
     Npy { map: Mmap, header: npy::Header },
+    Zarr(Box<ZarrSource>),
     Qem(Box<QemFile>),
     Raw { map: Mmap },
 }
@@ -42,6 +45,11 @@ fn map_file(path: &Path) -> Result<Mmap, Failure> {
 }
 
 fn identify(path: &Path) -> Result<Input, Failure> {
+    if path.is_dir() {
+        return Ok(Input::Zarr(Box::new(
+            ZarrSource::open(path).map_err(Failure::plain)?,
+        )));
+    }
     let map = map_file(path)?;
     if map.starts_with(npy::MAGIC) {
         let header = npy::parse_header(&map).map_err(|e| Failure::file(path, e))?;
@@ -371,6 +379,70 @@ fn qem_to_tiff(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
     target.publish().map_err(Failure::plain)
 }
 
+fn qem_to_zarr(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
+    let compression = match args.zarr_compression {
+        ZarrCompression::BloscZstd => Compression::BloscZstd,
+        ZarrCompression::BloscLz4 => Compression::BloscLz4,
+        ZarrCompression::Zstd => Compression::Zstd,
+        ZarrCompression::None => Compression::None,
+    };
+    let dense = (file.frames() * file.frame_bytes()) as u64;
+    let bar = crate::progress::bar(dense, "writing .zarr", true);
+    let name = args
+        .input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    zarr_store::write_store(
+        file,
+        &name,
+        &args.output,
+        overwrite(args.force),
+        compression,
+        &|bytes| bar.inc(bytes),
+    )
+    .map_err(Failure::plain)?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
+fn zarr_to_qem(source: &ZarrSource, args: &ConvertArgs) -> Result<(), Failure> {
+    let shape = source.shape().map(|s| s as u64);
+    let mut defaults = scientific_metadata(shape, &Calibration::default())
+        .map_err(|e| Failure::file(&args.input, e))?;
+    if source.header().is_none() {
+        if let Some(patch) = user_metadata(args)? {
+            merge(&mut defaults, &patch);
+        }
+    }
+    let mut spec = source.write_spec(defaults);
+    if source.header().is_some() {
+        if let Some(patch) = user_metadata(args)? {
+            merge(&mut spec.scientific_metadata, &patch);
+        }
+    }
+    if let Some(n) = args.chunk_scans {
+        spec = spec.with_chunk_scans(u64::from(n));
+    }
+    let band = source.band_rows();
+    let rows = shape[0] as usize;
+    let row_bytes = (shape[1] * shape[2] * shape[3]) as usize * source.dtype().size();
+    let bar = crate::progress::bar((rows * row_bytes) as u64, "encoding", true);
+    write_qem(&args.output, args.force, spec, |w| {
+        let mut row = 0;
+        while row < rows {
+            let stop = rows.min(row + band);
+            let bytes = source.read_rows(row..stop).map_err(Failure::plain)?;
+            w.push(&bytes).map_err(|e| Failure::file(&args.output, e))?;
+            bar.inc(bytes.len() as u64);
+            row = stop;
+        }
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    Ok(())
+}
+
 fn raw_dtype(d: RawDtype) -> DType {
     match d {
         RawDtype::Uint8 => DType::U8,
@@ -386,10 +458,10 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    if !matches!(ext.as_str(), "qem" | "npy" | "tif" | "tiff") {
+    if !matches!(ext.as_str(), "qem" | "npy" | "tif" | "tiff" | "zarr") {
         return Err(Failure::file(
             &args.output,
-            "unknown output type; use .qem, .npy or .tiff",
+            "unknown output type; use .qem, .npy, .tiff or .zarr",
         ));
     }
     if !args.force && fs::symlink_metadata(&args.output).is_ok() {
@@ -444,12 +516,14 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
                 })
             })?;
         }
+        (Input::Zarr(source), "qem") => zarr_to_qem(&source, args)?,
+        (Input::Qem(file), "zarr") => qem_to_zarr(&file, args)?,
         (Input::Qem(file), "npy") => qem_to_npy(&file, args)?,
         (Input::Qem(file), _) => qem_to_tiff(&file, args)?,
-        (Input::Npy { .. } | Input::Raw { .. }, _) => {
+        (Input::Npy { .. } | Input::Raw { .. } | Input::Zarr(_), _) => {
             return Err(Failure::file(
                 &args.input,
-                "only a .qem file converts to .npy or .tiff",
+                "only a .qem file converts to .npy, .tiff or .zarr",
             ))
         }
     }
