@@ -60,8 +60,8 @@ impl Compression {
     fn codecs(self, element_size: usize) -> Result<Vec<Arc<dyn BytesToBytesCodecTraits>>, String> {
         let blosc = |cname| -> Result<Arc<dyn BytesToBytesCodecTraits>, String> {
             let level = BloscCompressionLevel::try_from(3u8).map_err(|e| format!("{e:?}"))?;
-            let shuffle = if element_size > 1 {
-                BloscShuffleMode::Shuffle
+            let shuffle = if element_size > 0 {
+                BloscShuffleMode::BitShuffle
             } else {
                 BloscShuffleMode::NoShuffle
             };
