@@ -1,0 +1,41 @@
+//! Recognising an input's format from its first bytes, not its name.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+
+use super::ConvertError;
+
+/// The formats `qem convert` reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceFormat {
+    Npy,
+    Qem,
+    /// Anything unrecognised: raw binary, described by `--shape`/`--dtype`.
+    Raw,
+}
+
+/// Bytes read to recognise a format.
+const SNIFF: usize = 512;
+
+/// The format of the file at `path`, from its content.
+pub fn detect(path: &Path) -> Result<SourceFormat, ConvertError> {
+    let mut head = Vec::with_capacity(SNIFF);
+    File::open(path)
+        .and_then(|f| f.take(SNIFF as u64).read_to_end(&mut head))
+        .map_err(|e| ConvertError::io(path, e))?;
+    Ok(recognise(&head))
+}
+
+fn recognise(head: &[u8]) -> SourceFormat {
+    if head.starts_with(crate::npy::MAGIC) {
+        return SourceFormat::Npy;
+    }
+    if [&b"QEMDATA1"[..], b"QGPUSTRM", b"QGANS"]
+        .iter()
+        .any(|m| head.starts_with(m))
+    {
+        return SourceFormat::Qem;
+    }
+    SourceFormat::Raw
+}
