@@ -11,6 +11,10 @@ use super::ConvertError;
 pub enum SourceFormat {
     Npy,
     Qem,
+    /// An EMPAD XML description (its `.raw` beside it).
+    Empad,
+    /// A Quantum Detectors Merlin `.mib`.
+    Mib,
     /// Anything unrecognised: raw binary, described by `--shape`/`--dtype`.
     Raw,
 }
@@ -36,6 +40,12 @@ fn recognise(head: &[u8]) -> SourceFormat {
         .any(|m| head.starts_with(m))
     {
         return SourceFormat::Qem;
+    }
+    if super::mib::looks_like(head) {
+        return SourceFormat::Mib;
+    }
+    if super::empad::looks_like(head) {
+        return SourceFormat::Empad;
     }
     SourceFormat::Raw
 }

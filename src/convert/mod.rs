@@ -12,8 +12,10 @@ mod dense;
 mod describe;
 mod detect;
 mod element;
+mod empad;
 mod error;
 pub mod metadata;
+mod mib;
 mod npy;
 mod qem;
 mod raw;
@@ -200,6 +202,8 @@ pub fn open_source(
         SourceFormat::Npy => Box::new(npy::NpySource::open(path, options)?),
         SourceFormat::Qem => Box::new(qem::QemSource::open(path, sink == SinkFormat::Qem)?),
         SourceFormat::Raw => Box::new(raw::RawSource::open(path, options)?),
+        SourceFormat::Empad => Box::new(empad::EmpadSource::open(path, options, monitor)?),
+        SourceFormat::Mib => Box::new(mib::MibSource::open(path, options)?),
     };
     metadata::apply(path, &mut *source, &options.metadata, monitor)?;
     Ok(source)
