@@ -15,6 +15,8 @@ pub enum SourceFormat {
     Empad,
     /// A Quantum Detectors Merlin `.mib`.
     Mib,
+    /// A TIFF stack (classic or BigTIFF, either byte order).
+    Tiff,
     /// Anything unrecognised: raw binary, described by `--shape`/`--dtype`.
     Raw,
 }
@@ -40,6 +42,12 @@ fn recognise(head: &[u8]) -> SourceFormat {
         .any(|m| head.starts_with(m))
     {
         return SourceFormat::Qem;
+    }
+    if [&b"II*\0"[..], b"MM\0*", b"II+\0", b"MM\0+"]
+        .iter()
+        .any(|m| head.starts_with(m))
+    {
+        return SourceFormat::Tiff;
     }
     if super::mib::looks_like(head) {
         return SourceFormat::Mib;

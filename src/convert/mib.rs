@@ -294,17 +294,18 @@ impl MibSource {
         let frames = len / frame_bytes;
         let hdr_path = path.with_extension("hdr");
         let hdr = read_hdr(&hdr_path)?;
-        let scan =
-            match (options.scan, hdr.as_ref().and_then(hdr_scan)) {
-                (Some(s), _) | (None, Some(s)) => s,
-                (None, None) => return Err(ConvertError::input(
+        let scan = match (options.scan, hdr.as_ref().and_then(hdr_scan)) {
+            (Some(s), _) | (None, Some(s)) => s,
+            (None, None) => {
+                return Err(ConvertError::input(
                     path,
                     format!(
                         "{frames} frames and no scan shape (no {} with one): give --scan ROWS,COLS",
                         hdr_path.display()
                     ),
-                )),
-            };
+                ))
+            }
+        };
         if scan[0].checked_mul(scan[1]) != Some(frames) {
             return Err(ConvertError::input(
                 path,

@@ -204,6 +204,7 @@ pub fn open_source(
         SourceFormat::Raw => Box::new(raw::RawSource::open(path, options)?),
         SourceFormat::Empad => Box::new(empad::EmpadSource::open(path, options, monitor)?),
         SourceFormat::Mib => Box::new(mib::MibSource::open(path, options)?),
+        SourceFormat::Tiff => Box::new(tiff::TiffSource::open(path, options)?),
     };
     metadata::apply(path, &mut *source, &options.metadata, monitor)?;
     Ok(source)
