@@ -246,3 +246,89 @@ pub fn run(
     monitor.finish();
     sink.publish()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qem::write::{Calibration, CountDtype};
+
+    /// Frames whose every pixel is its frame index (mod 2^16).
+    struct Counting {
+        description: Description,
+    }
+
+    impl Source for Counting {
+        fn description(&self) -> &Description {
+            &self.description
+        }
+        fn description_mut(&mut self) -> &mut Description {
+            &mut self.description
+        }
+        fn read_frames(&mut self, first: u64, out: &mut [u8]) -> Result<(), ConvertError> {
+            let frame_bytes = self.description.frame_bytes();
+            for (k, frame) in out.chunks_exact_mut(frame_bytes).enumerate() {
+                let v = ((first + k as u64) as u16).to_le_bytes();
+                for px in frame.chunks_exact_mut(2) {
+                    px.copy_from_slice(&v);
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Checks that windows are bounded, whole frames and in scan order.
+    struct Checking {
+        frame_bytes: usize,
+        next: u64,
+        windows: Vec<usize>,
+        published: std::rc::Rc<std::cell::Cell<u64>>,
+    }
+
+    impl Sink for Checking {
+        fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
+            assert!(window.len() <= WINDOW_BYTES && window.len().is_multiple_of(self.frame_bytes));
+            for frame in window.chunks_exact(self.frame_bytes) {
+                assert_eq!(&frame[..2], &(self.next as u16).to_le_bytes());
+                self.next += 1;
+            }
+            self.windows.push(window.len() / self.frame_bytes);
+            Ok(())
+        }
+        fn publish(self: Box<Self>) -> Result<(), ConvertError> {
+            assert_eq!(self.windows, [256, 256, 88]);
+            self.published.set(self.next);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn windows_are_bounded_whole_frames_in_scan_order() {
+        let shape = [20, 30, 256, 512];
+        let description = describe::foreign(
+            Path::new("test"),
+            shape,
+            Element::U16,
+            &Calibration::default(),
+            "unknown",
+            &[],
+        )
+        .unwrap();
+        assert!(matches!(
+            description.content,
+            Content::Counts {
+                dtype: CountDtype::U16,
+                ..
+            }
+        ));
+        let mut source = Counting { description };
+        let published = std::rc::Rc::new(std::cell::Cell::new(0));
+        let sink = Box::new(Checking {
+            frame_bytes: 256 * 512 * 2,
+            next: 0,
+            windows: Vec::new(),
+            published: published.clone(),
+        });
+        run(&mut source, sink, &mut Quiet::default()).unwrap();
+        assert_eq!(published.get(), 600);
+    }
+}
