@@ -563,6 +563,22 @@ impl ZarrSource {
         .min(self.shape[0])
     }
 
+    /// Frames `first..first + out.len() / frame_bytes` in scan order into
+    /// `out`, reading the scan rows that hold them.
+    pub fn read_frames(&self, first: usize, out: &mut [u8]) -> Result<(), ZarrError> {
+        let [_, columns, dr, dc] = self.shape;
+        let frame_bytes = dr * dc * self.dtype.size();
+        let count = out.len() / frame_bytes.max(1);
+        if count == 0 {
+            return Ok(());
+        }
+        let rows = first / columns..(first + count).div_ceil(columns);
+        let band = self.read_rows(rows.clone())?;
+        let from = (first - rows.start * columns) * frame_bytes;
+        out.copy_from_slice(&band[from..from + out.len()]);
+        Ok(())
+    }
+
     /// Frames of scan rows `rows`, in C order, little-endian. A missing
     /// chunk reads as the fill value, as the Zarr specification says; a
     /// chunk that cannot be decoded is an error naming it.
