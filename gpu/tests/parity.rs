@@ -951,3 +951,72 @@ fn float_sums_are_compensated() {
         );
     }
 }
+
+/// Counts whose frame sums exceed 2^24: the virtual images a GPU backend
+/// computes through the planner are uint64 and equal plain u64 sums, the
+/// mean pattern and centre of mass equal the exact totals divided once in
+/// binary64, and all of them equal the CPU's bit for bit.
+#[test]
+fn count_images_above_two_to_the_24_are_exact_on_the_gpu() {
+    use qemfs::reduce::geometry::{mask, Shape};
+    use qemfs::reduce::{Image, Reducer};
+    for gpu in backends() {
+        let (frames, rows, columns) = (10usize, 40usize, 36usize);
+        let p_count = rows * columns;
+        let mut rnd = xorshift(0x2424);
+        let values: Vec<u32> = (0..frames * p_count)
+            .map(|_| 60001 + 2 * (rnd() % 2000) as u32)
+            .collect();
+        let f = generate(
+            Kind::U16,
+            [2, 5, rows as u64, columns as u64],
+            Some(3),
+            &values,
+            None,
+        );
+        let masks = [
+            PixelSet::new((0..p_count as u32).collect()),
+            mask([rows, columns], [19.5, 17.5], Shape::Disk { radius: 15.0 }),
+            mask(
+                [rows, columns],
+                [19.5, 17.5],
+                Shape::Annulus {
+                    inner: 4.0,
+                    outer: 100.0,
+                },
+            ),
+        ];
+        let on_gpu = Reducer::new(&f, gpu as &dyn Accelerator).unwrap();
+        let on_cpu = Reducer::new(&f, &Cpu).unwrap();
+        let images = on_gpu.images(&masks).unwrap();
+        for (set, image) in masks.iter().zip(&images) {
+            let want: Vec<u64> = (0..frames)
+                .map(|t| {
+                    set.pixels()
+                        .iter()
+                        .map(|&p| u64::from(values[t * p_count + p as usize]))
+                        .sum()
+                })
+                .collect();
+            assert!(want.iter().any(|&s| s > 1 << 24 && s as f32 as u64 != s));
+            assert_eq!(image, &Image::U64(want), "{}", gpu.name());
+        }
+        assert_eq!(images, on_cpu.images(&masks).unwrap());
+        let full = on_gpu.full().unwrap();
+        for p in 0..p_count {
+            let s: u64 = (0..frames)
+                .map(|t| u64::from(values[t * p_count + p]))
+                .sum();
+            assert_eq!(full.mean_dp.get(p), Some(s as f64 / frames as f64));
+        }
+        for t in 0..frames {
+            let frame = &values[t * p_count..(t + 1) * p_count];
+            let total: u64 = frame.iter().map(|&v| u64::from(v)).sum();
+            let col: u64 = (0..p_count)
+                .map(|p| (p % columns) as u64 * u64::from(frame[p]))
+                .sum();
+            assert_eq!(full.com[1].get(t), Some(col as f64 / total as f64));
+        }
+        assert_eq!(full, on_cpu.full().unwrap());
+    }
+}

@@ -17,4 +17,4 @@ pub use accelerator::{
     Accelerator, Moments, Partial, Pattern, PixelSet, ReduceError, Request, Values,
 };
 pub use cpu::Cpu;
-pub use products::{mean_subtracted, Full, MaxPattern, Reducer};
+pub use products::{image_kinds, mean_subtracted, Full, Image, ImageKind, MaxPattern, Reducer};

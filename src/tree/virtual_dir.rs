@@ -21,7 +21,9 @@ use crate::export::png;
 use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
 use crate::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
-use crate::reduce::{mean_subtracted, Accelerator, Full, MaxPattern, Reducer};
+use crate::reduce::{
+    image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, Reducer,
+};
 
 /// `detectors.json` is padded with spaces to this size: its size must be
 /// known before the disk is found.
@@ -62,7 +64,7 @@ struct Products {
     options: DetectorOptions,
     geometry: Shared<Geometry>,
     /// `bf`, `abf`, `adf`, `haadf`.
-    images: Shared<[Vec<f32>; 4]>,
+    images: Shared<[Image; 4]>,
     full: Shared<Full>,
     sums: Shared<Vec<u64>>,
 }
@@ -81,7 +83,7 @@ impl Products {
             .get(|| Geometry::resolve(&self.reducer()?, &self.options).map_err(|e| self.fail(e)))
     }
 
-    fn images(&self) -> Result<Arc<[Vec<f32>; 4]>, TreeError> {
+    fn images(&self) -> Result<Arc<[Image; 4]>, TreeError> {
         self.images.get(|| {
             let masks = self.geometry()?.masks();
             let images = self.reducer()?.images(&masks).map_err(|e| self.fail(e))?;
@@ -176,19 +178,59 @@ fn png_file(
     )))
 }
 
-/// A float32 image as `NAME.npy` and `NAME.png`.
+/// The `.npy` element type of an image kind.
+fn npy_dtype(kind: ImageKind) -> DType {
+    match kind {
+        ImageKind::U64 => DType::U64,
+        ImageKind::F64 => DType::F64,
+        ImageKind::F32 => DType::F32,
+    }
+}
+
+/// The `.npy` of an image whose kind is known before it is computed; a
+/// value of another kind is an internal error, not a wrong-sized file.
+fn image_npy(
+    kind: ImageKind,
+    shape: [usize; 2],
+    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
+) -> Entry {
+    npy_file(npy_dtype(kind), shape, move || {
+        let image = values()?;
+        let got = match *image {
+            Image::U64(_) => ImageKind::U64,
+            Image::F64(_) => ImageKind::F64,
+            Image::F32(_) => ImageKind::F32,
+        };
+        if got != kind || image.len() != shape[0] * shape[1] {
+            return Err(TreeError::Internal(format!(
+                "an image of {got:?} × {} where {kind:?} × {} was announced",
+                image.len(),
+                shape[0] * shape[1]
+            )));
+        }
+        Ok(image.le_bytes())
+    })
+}
+
+/// An image as `NAME.npy` (in its kind's dtype) and `NAME.png`.
 fn image_pair(
     entries: &mut BTreeMap<String, Entry>,
     name: &str,
     shape: [usize; 2],
-    values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + Clone + 'static,
+    kind: ImageKind,
+    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + Clone + 'static,
 ) {
     let v = values.clone();
+    entries.insert(format!("{name}.npy"), image_npy(kind, shape, v));
     entries.insert(
-        format!("{name}.npy"),
-        npy_file(DType::F32, shape, move || Ok(f32_bytes(&v()?))),
+        format!("{name}.png"),
+        png_file(shape, move || Ok(preview_values(&*values()?))),
     );
-    entries.insert(format!("{name}.png"), png_file(shape, values));
+}
+
+/// An image's values for an 8-bit preview.
+fn preview_values(image: &Image) -> Vec<f32> {
+    image.to_f64().into_iter().map(|v| v as f32).collect()
 }
 
 /// The `virtual/` directory.
@@ -209,6 +251,7 @@ pub(super) fn directory(
     let (scan, detector) = ([sr, sc], [r, c]);
     let codec = file.codec();
     let decoded = file.decoded_dtype();
+    let [sum_kind, mean_kind] = image_kinds(codec);
     let p = Arc::new(Products {
         view,
         accelerator,
@@ -246,17 +289,19 @@ pub(super) fn directory(
     }
     for (k, name) in ["bf", "abf", "adf", "haadf"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, move || Ok(q.images()?[k].clone()));
+        image_pair(&mut entries, name, scan, sum_kind, move || {
+            Ok(Arc::new(q.images()?[k].clone()))
+        });
     }
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, move || {
-            Ok(mean_subtracted(&q.full()?.com[k]))
+        image_pair(&mut entries, name, scan, mean_kind, move || {
+            Ok(Arc::new(mean_subtracted(&q.full()?.com[k])))
         });
     }
     let q = Arc::clone(&p);
-    image_pair(&mut entries, "mean_dp", detector, move || {
-        Ok(q.full()?.mean_dp.clone())
+    image_pair(&mut entries, "mean_dp", detector, mean_kind, move || {
+        Ok(Arc::new(q.full()?.mean_dp.clone()))
     });
     let max_dtype = match (codec, decoded) {
         (Codec::Integer, Dtype::U8) => DType::U8,
@@ -329,21 +374,21 @@ impl VirtualDir {
         }
         let p = Arc::clone(&self.products);
         let [sr, sc, r, c] = p.view.file().shape();
-        let image = Arc::new(Shared::<Vec<f32>>::new());
-        let values = move || -> Result<Vec<f32>, TreeError> {
-            let image = image.get(|| {
+        let [kind, _] = image_kinds(p.view.file().codec());
+        let image = Arc::new(Shared::<Image>::new());
+        let values = move || -> Result<Arc<Image>, TreeError> {
+            image.get(|| {
                 let set = mask([r, c], center, shape);
                 let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
                 images
                     .pop()
                     .ok_or_else(|| TreeError::Internal("one image expected".into()))
-            })?;
-            Ok(image.as_ref().clone())
+            })
         };
         let entry = if preview {
-            png_file([sr, sc], values)
+            png_file([sr, sc], move || Ok(preview_values(&*values()?)))
         } else {
-            npy_file(DType::F32, [sr, sc], move || Ok(f32_bytes(&values()?)))
+            image_npy(kind, [sr, sc], values)
         };
         cache.put(name.to_string(), entry.clone());
         Some(entry)
