@@ -10,11 +10,12 @@
 pub mod accelerator;
 mod cpu;
 pub mod geometry;
-mod kahan;
+mod neumaier;
 mod products;
 
 pub use accelerator::{
     Accelerator, Moments, Partial, Pattern, PixelSet, ReduceError, Request, Values,
 };
 pub use cpu::Cpu;
+pub use neumaier::Neumaier;
 pub use products::{image_kinds, mean_subtracted, Full, Image, ImageKind, MaxPattern, Reducer};
