@@ -20,7 +20,7 @@ use super::{Directory, Entry, TreeError};
 use crate::export::png;
 use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
-use crate::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
+use crate::reduce::geometry::{mask_with, DetectorOptions, Geometry, Shape};
 use crate::reduce::{
     image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, Reducer,
 };
@@ -378,7 +378,7 @@ impl VirtualDir {
         let image = Arc::new(Shared::<Image>::new());
         let values = move || -> Result<Arc<Image>, TreeError> {
             image.get(|| {
-                let set = mask([r, c], center, shape);
+                let set = mask_with([r, c], center, shape, p.options.edges);
                 let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
                 images
                     .pop()
