@@ -22,7 +22,8 @@ use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
 use crate::reduce::geometry::{mask_with, DetectorOptions, Geometry, Shape};
 use crate::reduce::{
-    image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, Reducer,
+    image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, PixelSet,
+    Reducer,
 };
 
 /// `detectors.json` is padded with spaces to this size: its size must be
@@ -66,7 +67,7 @@ struct Products {
     /// `bf`, `abf`, `adf`, `haadf`.
     images: Shared<[Image; 4]>,
     full: Shared<Full>,
-    sums: Shared<Vec<u64>>,
+    sums: Shared<Image>,
 }
 
 impl Products {
@@ -98,20 +99,30 @@ impl Products {
             .get(|| self.reducer()?.full().map_err(|e| self.fail(e)))
     }
 
-    /// Total valid counts per scan from the 32×32 spatial sums: exact, and
-    /// no stream is decoded.
-    fn sums(&self) -> Result<Arc<Vec<u64>>, TreeError> {
+    /// The sum of every valid pixel per scan. Counts: from the 32×32
+    /// spatial sums, exact, and no stream is decoded. Float32 and scaled
+    /// files: a whole-detector virtual image (decoded; compensated float32,
+    /// background subtracted, or exact codes calibrated once in float64).
+    fn sums(&self) -> Result<Arc<Image>, TreeError> {
         self.sums.get(|| {
             let file = self.view.file();
+            if file.codec() != Codec::Integer {
+                let all = PixelSet::new((0..file.pixels() as u32).collect());
+                let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
+                return images
+                    .pop()
+                    .ok_or_else(|| TreeError::Internal("one image expected".into()));
+            }
             let [_, _, r, c] = file.shape();
             let (gr, gc) = Tile::Px32.grid(r, c);
             let sums = file
                 .spatial_sums(Tile::Px32, 0..file.frames())
                 .map_err(|e| self.fail(e))?;
-            Ok(sums
-                .chunks((gr * gc).max(1))
-                .map(|t| t.iter().map(|&v| u64::from(v)).sum())
-                .collect())
+            Ok(Image::U64(
+                sums.chunks((gr * gc).max(1))
+                    .map(|t| t.iter().map(|&v| u64::from(v)).sum())
+                    .collect(),
+            ))
         })
     }
 
@@ -120,6 +131,15 @@ impl Products {
         let mut doc = geometry.to_json();
         doc["backend"] = self.accelerator.name().into();
         doc["background_subtracted"] = self.reducer()?.has_background().into();
+        doc["sum"] = serde_json::json!({
+            "file": "sum.npy",
+            "what": "per scan position, the sum of every valid detector pixel",
+            "how": match self.view.file().codec() {
+                Codec::Integer => "exact uint64 counts from the spatial index (no decoding)",
+                Codec::Float => "decoded float32, background subtracted, compensated float32 sum",
+                Codec::Scaled => "exact sums of the decoded codes, calibrated once in float64",
+            },
+        });
         doc["centre_of_mass"] = serde_json::json!({
             "files": ["com_row.npy", "com_col.npy"],
             "origin": "zero-based detector (row, column), minus the scan mean of the finite values",
@@ -271,22 +291,8 @@ pub(super) fn directory(
             move || q.detectors_json(),
         ))),
     );
-    if codec == Codec::Integer {
-        let q = Arc::clone(&p);
-        entries.insert(
-            "sum.npy".into(),
-            npy_file(DType::U64, scan, move || {
-                Ok(q.sums()?.iter().flat_map(|s| s.to_le_bytes()).collect())
-            }),
-        );
-        let q = Arc::clone(&p);
-        entries.insert(
-            "sum.png".into(),
-            png_file(scan, move || {
-                Ok(q.sums()?.iter().map(|&s| s as f32).collect())
-            }),
-        );
-    }
+    let q = Arc::clone(&p);
+    image_pair(&mut entries, "sum", scan, sum_kind, move || q.sums());
     for (k, name) in ["bf", "abf", "adf", "haadf"].into_iter().enumerate() {
         let q = Arc::clone(&p);
         image_pair(&mut entries, name, scan, sum_kind, move || {
