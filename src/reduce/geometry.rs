@@ -146,6 +146,46 @@ pub fn mask_with(detector: [usize; 2], center: [f64; 2], shape: Shape, edges: Ed
     PixelSet::new(pixels)
 }
 
+/// Bins of a radial profile on `detector`: one per whole pixel of
+/// distance up to the longest distance between two pixel centres, so any
+/// centre on the detector fits.
+pub fn radial_bins(detector: [usize; 2]) -> usize {
+    let [rows, columns] = detector;
+    let far = ((rows.max(1) - 1) as f64).hypot((columns.max(1) - 1) as f64);
+    far.ceil() as usize + 1
+}
+
+/// The mean of `pattern` over the valid pixels of each ring `k ≤ d < k + 1`
+/// about `center` ([`radial_bins`] of them; a distance within
+/// [`EDGE_TOLERANCE`] of `k + 1` is in ring `k + 1`); NaN for an empty ring.
+/// Pixels beyond the last ring (a centre off the detector) are left out.
+pub fn radial_profile(
+    pattern: &[f64],
+    detector: [usize; 2],
+    center: [f64; 2],
+    valid: impl Fn(usize) -> bool,
+) -> Vec<f64> {
+    let bins = radial_bins(detector);
+    let [_, columns] = detector;
+    let mut sum = vec![0f64; bins];
+    let mut count = vec![0usize; bins];
+    for (p, &v) in pattern.iter().enumerate().filter(|&(p, _)| valid(p)) {
+        let (dy, dx) = (
+            (p / columns) as f64 - center[0],
+            (p % columns) as f64 - center[1],
+        );
+        let k = ((dy * dy + dx * dx).sqrt() + EDGE_TOLERANCE).floor() as usize;
+        if k < bins {
+            sum[k] += v;
+            count[k] += 1;
+        }
+    }
+    sum.iter()
+        .zip(&count)
+        .map(|(&s, &n)| if n == 0 { f64::NAN } else { s / n as f64 })
+        .collect()
+}
+
 /// The bright-field disk found in a pattern.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Disk {

@@ -12,6 +12,10 @@ use std::ops::Range;
 use super::accelerator::{Accelerator, PixelSet, ReduceError, Request, Values};
 use crate::qem::{Codec, Dtype, QemFile, Region, Tile};
 
+/// Masks per backend request (the CPU reference's limit; the GPU
+/// backends take more).
+const MASKS_PER_REQUEST: usize = 64;
+
 /// Computes products of one file with one backend.
 pub struct Reducer<'a> {
     file: &'a QemFile,
@@ -156,6 +160,70 @@ impl<'a> Reducer<'a> {
     /// Virtual images: per mask, one value per frame (exact `u64` for
     /// counts, `f64` for scaled codes, compensated `f32` for floats).
     pub fn images(&self, masks: &[PixelSet]) -> Result<Vec<Image>, ReduceError> {
+        // Backends take at most MASKS_PER_REQUEST masks at a time.
+        let mut out = Vec::with_capacity(masks.len());
+        for group in masks.chunks(MASKS_PER_REQUEST) {
+            out.extend(self.images_at_once(group)?);
+        }
+        Ok(out)
+    }
+
+    /// The centre of mass inside `mask`, relative to `center`: per frame
+    /// `[Σ (row − cy)·I / Σ I, Σ (column − cx)·I / Σ I]` over the mask's
+    /// valid pixels; NaN where the masked total is 0 or not finite.
+    ///
+    /// The moments are sums of the mask's rows and columns as virtual
+    /// images (`Σ row·I = Σ_k k · S_k`, `S_k` the sum over the mask's row
+    /// `k`), so they come from the same planned sums as any detector on
+    /// every backend, exact for counts, and are combined in binary64
+    /// (float32 images of float sources are rounded back once).
+    pub fn masked_com(&self, mask: &PixelSet, center: [f64; 2]) -> Result<[Image; 2], ReduceError> {
+        let [_, columns] = self.detector();
+        let columns = columns.max(1);
+        let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        let mut cols: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for &p in mask.pixels() {
+            rows.entry(p as usize / columns).or_default().push(p);
+            cols.entry(p as usize % columns).or_default().push(p);
+        }
+        let row_index: Vec<usize> = rows.keys().copied().collect();
+        let col_index: Vec<usize> = cols.keys().copied().collect();
+        let sets: Vec<PixelSet> = rows
+            .into_values()
+            .chain(cols.into_values())
+            .map(PixelSet::new)
+            .collect();
+        let images = self.images(&sets)?;
+        let (by_row, by_col) = images.split_at(row_index.len());
+        let n = self.file.frames();
+        let float = self.file.codec() == Codec::Float;
+        let com = |parts: &[Image], index: &[usize], origin: f64| -> Image {
+            let values = (0..n).map(|f| {
+                let (mut total, mut moment) = (0f64, 0f64);
+                for (image, &k) in parts.iter().zip(index) {
+                    let v = image.get(f).unwrap_or(f64::NAN);
+                    total += v;
+                    moment += k as f64 * v;
+                }
+                if total == 0.0 || !total.is_finite() || !moment.is_finite() {
+                    f64::NAN
+                } else {
+                    moment / total - origin
+                }
+            });
+            if float {
+                Image::F32(values.map(|v| v as f32).collect())
+            } else {
+                Image::F64(values.collect())
+            }
+        };
+        Ok([
+            com(by_row, &row_index, center[0]),
+            com(by_col, &col_index, center[1]),
+        ])
+    }
+
+    fn images_at_once(&self, masks: &[PixelSet]) -> Result<Vec<Image>, ReduceError> {
         let blocks = 0..self.file.blocks().len();
         match self.file.codec() {
             Codec::Integer => self.integer_images(masks),

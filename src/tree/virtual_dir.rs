@@ -5,8 +5,11 @@
 //! Sizes come from the header; values are computed on first read through
 //! [`crate::reduce`] and kept (they are small). The four default images
 //! are computed together, as are the products that need every pixel
-//! (centre of mass, mean and maximum pattern). `disk-CY-CX-R.npy` and
-//! `annulus-CY-CX-RI-RO.npy` (and `.png`) are made on lookup, not listed.
+//! (centre of mass, mean and maximum pattern), and from them the DPC
+//! magnitude and angle and the radial profile of the mean pattern.
+//! `disk-CY-CX-R.npy`, `annulus-CY-CX-RI-RO.npy`, `point-R-C.npy` and the
+//! masked centre of mass `com-CY-CX-R_row.npy` / `_col.npy` (and `.png`)
+//! are made on lookup, not listed, and kept for repeated reads.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -20,7 +23,9 @@ use super::{Directory, Entry, TreeError};
 use crate::export::png;
 use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
-use crate::reduce::geometry::{mask_with, DetectorOptions, Geometry, Shape};
+use crate::reduce::geometry::{
+    mask_with, radial_bins, radial_profile, DetectorOptions, Geometry, Shape,
+};
 use crate::reduce::{
     image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, PixelSet,
     Reducer,
@@ -140,6 +145,13 @@ impl Products {
                 Codec::Scaled => "exact sums of the decoded codes, calibrated once in float64",
             },
         });
+        doc["on_lookup"] = serde_json::json!({
+            "disk-CY-CX-R.npy, annulus-CY-CX-RI-RO.npy": "any other detector, same edge rule",
+            "point-R-C.npy": "detector pixel (R, C) per scan position",
+            "com-CY-CX-R_row.npy, com-CY-CX-R_col.npy": "centre of mass inside the disk, minus (CY, CX); NaN where its total is 0",
+        });
+        doc["radial_profile"] = "radial_profile.npy: mean of mean_dp over valid pixels with k <= d < k+1 about the centre; NaN for empty rings".into();
+        doc["dpc"] = "dpc_magnitude = hypot(com_row, com_col), dpc_angle = atan2(com_row, com_col) in radians, of the mean-subtracted centre of mass".into();
         doc["centre_of_mass"] = serde_json::json!({
             "files": ["com_row.npy", "com_col.npy"],
             "origin": "zero-based detector (row, column), minus the scan mean of the finite values",
@@ -168,11 +180,11 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 /// An `.npy` of `shape` whose data bytes `data` produces.
 fn npy_file(
     dtype: DType,
-    shape: [usize; 2],
+    shape: &[usize],
     data: impl Fn() -> Result<Vec<u8>, TreeError> + Send + Sync + 'static,
 ) -> Entry {
-    let header = npy::encode_header(dtype, &shape);
-    let size = header.len() + dtype.size() * shape[0] * shape[1];
+    let header = npy::encode_header(dtype, shape);
+    let size = header.len() + dtype.size() * shape.iter().product::<usize>();
     Entry::File(Arc::new(Lazy::new(size as u64, move || {
         let mut out = header.clone();
         out.extend_from_slice(&data()?);
@@ -214,7 +226,7 @@ fn image_npy(
     shape: [usize; 2],
     values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
 ) -> Entry {
-    npy_file(npy_dtype(kind), shape, move || {
+    npy_file(npy_dtype(kind), &shape, move || {
         let image = values()?;
         let got = match *image {
             Image::U64(_) => ImageKind::U64,
@@ -259,6 +271,19 @@ pub(super) struct VirtualDir {
     fixed: BTreeMap<String, Entry>,
     /// Custom detectors looked up recently (so repeated reads reuse them).
     custom: Mutex<LruCache<String, Entry>>,
+    /// Masked centres of mass (row and column) by disk.
+    coms: Mutex<LruCache<String, Arc<Shared<[Image; 2]>>>>,
+}
+
+/// How a looked-up product computes its image (once, then kept).
+type ImageSource = Box<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync>;
+
+/// The virtual image of one mask.
+fn one_image(p: &Products, set: PixelSet) -> Result<Image, TreeError> {
+    let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
+    images
+        .pop()
+        .ok_or_else(|| TreeError::Internal("one image expected".into()))
 }
 
 pub(super) fn directory(
@@ -305,6 +330,33 @@ pub(super) fn directory(
             Ok(Arc::new(mean_subtracted(&q.full()?.com[k])))
         });
     }
+    // DPC: the mean-subtracted centre of mass as a vector (column, row).
+    for (name, f) in [
+        ("dpc_magnitude", f64::hypot as fn(f64, f64) -> f64),
+        ("dpc_angle", f64::atan2),
+    ] {
+        let q = Arc::clone(&p);
+        image_pair(&mut entries, name, scan, mean_kind, move || {
+            let full = q.full()?;
+            let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
+            let v = row.iter().zip(&col).map(|(&r, &c)| f(r, c));
+            Ok(Arc::new(match mean_kind {
+                ImageKind::F32 => Image::F32(v.map(|x| x as f32).collect()),
+                _ => Image::F64(v.collect()),
+            }))
+        });
+    }
+    let q = Arc::clone(&p);
+    entries.insert(
+        "radial_profile.npy".into(),
+        npy_file(DType::F64, &[radial_bins(detector)], move || {
+            let geometry = q.geometry()?;
+            let mean = q.full()?.mean_dp.to_f64();
+            let reducer = q.reducer()?;
+            let profile = radial_profile(&mean, detector, geometry.center, |p| reducer.is_valid(p));
+            Ok(profile.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }),
+    );
     let q = Arc::clone(&p);
     image_pair(&mut entries, "mean_dp", detector, mean_kind, move || {
         Ok(Arc::new(q.full()?.mean_dp.clone()))
@@ -317,7 +369,7 @@ pub(super) fn directory(
     let q = Arc::clone(&p);
     entries.insert(
         "max_dp.npy".into(),
-        npy_file(max_dtype, detector, move || {
+        npy_file(max_dtype, &detector, move || {
             Ok(match &q.full()?.max_dp {
                 MaxPattern::U8(v) => v.clone(),
                 MaxPattern::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -340,6 +392,7 @@ pub(super) fn directory(
         products: p,
         fixed: entries,
         custom: Mutex::new(LruCache::new(NonZeroUsize::new(64).expect("nonzero"))),
+        coms: Mutex::new(LruCache::new(NonZeroUsize::new(16).expect("nonzero"))),
     })
 }
 
@@ -351,6 +404,54 @@ fn number(text: &str) -> Option<f64> {
         && text.bytes().filter(|&b| b == b'.').count() <= 1
         && text != ".";
     plain.then(|| text.parse().ok()).flatten()
+}
+
+/// A product named on lookup (the stem of its file name).
+#[derive(Debug, Clone, PartialEq)]
+enum Custom {
+    /// `disk-CY-CX-R`, `annulus-CY-CX-RI-RO`.
+    Detector([f64; 2], Shape),
+    /// `com-CY-CX-R_row` / `_col`: the centre of mass inside the disk,
+    /// relative to its centre; `axis` 0 for rows, 1 for columns.
+    Com {
+        center: [f64; 2],
+        radius: f64,
+        axis: usize,
+    },
+    /// `point-R-C`: one detector pixel.
+    Point(usize, usize),
+}
+
+fn custom_product(stem: &str) -> Option<Custom> {
+    if let Some((rest, axis)) = stem
+        .strip_suffix("_row")
+        .map(|r| (r, 0))
+        .or_else(|| stem.strip_suffix("_col").map(|r| (r, 1)))
+    {
+        let values: Vec<f64> = rest
+            .strip_prefix("com-")?
+            .split('-')
+            .map(number)
+            .collect::<Option<_>>()?;
+        return match values.as_slice() {
+            &[cy, cx, radius] => Some(Custom::Com {
+                center: [cy, cx],
+                radius,
+                axis,
+            }),
+            _ => None,
+        };
+    }
+    if let Some(rest) = stem.strip_prefix("point-") {
+        let (r, c) = rest.split_once('-')?;
+        let index = |t: &str| {
+            (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| t.parse::<usize>().ok())
+                .flatten()
+        };
+        return Some(Custom::Point(index(r)?, index(c)?));
+    }
+    custom_detector(stem).map(|(center, shape)| Custom::Detector(center, shape))
 }
 
 /// `disk-CY-CX-R` or `annulus-CY-CX-RI-RO` (without the extension).
@@ -373,28 +474,68 @@ impl VirtualDir {
             (_, Some(stem)) => (stem, true),
             _ => return None,
         };
-        let (center, shape) = custom_detector(stem)?;
+        let product = custom_product(stem)?;
         let mut cache = self.custom.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = cache.get(name) {
             return Some(entry.clone());
         }
         let p = Arc::clone(&self.products);
         let [sr, sc, r, c] = p.view.file().shape();
-        let [kind, _] = image_kinds(p.view.file().codec());
+        let [sum_kind, mean_kind] = image_kinds(p.view.file().codec());
         let image = Arc::new(Shared::<Image>::new());
-        let values = move || -> Result<Arc<Image>, TreeError> {
-            image.get(|| {
-                let set = mask_with([r, c], center, shape, p.options.edges);
-                let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
-                images
-                    .pop()
-                    .ok_or_else(|| TreeError::Internal("one image expected".into()))
-            })
+        let (kind, values): (ImageKind, ImageSource) = match product {
+            Custom::Detector(center, shape) => (
+                sum_kind,
+                Box::new(move || {
+                    image.get(|| {
+                        let set = mask_with([r, c], center, shape, p.options.edges);
+                        one_image(&p, set)
+                    })
+                }),
+            ),
+            Custom::Point(row, column) => {
+                if row >= r || column >= c {
+                    return None;
+                }
+                (
+                    sum_kind,
+                    Box::new(move || {
+                        image.get(|| one_image(&p, PixelSet::new(vec![(row * c + column) as u32])))
+                    }),
+                )
+            }
+            Custom::Com {
+                center,
+                radius,
+                axis,
+            } => {
+                // `_row` and `_col` come from one computation.
+                let key = format!("{center:?}-{radius}");
+                let pair = Arc::clone(
+                    self.coms
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(key, || Arc::new(Shared::new())),
+                );
+                (
+                    mean_kind,
+                    Box::new(move || {
+                        let both = pair.get(|| {
+                            let set =
+                                mask_with([r, c], center, Shape::Disk { radius }, p.options.edges);
+                            p.reducer()?.masked_com(&set, center).map_err(|e| p.fail(e))
+                        })?;
+                        Ok(Arc::new(both[axis].clone()))
+                    }),
+                )
+            }
         };
+        let values: Arc<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync> =
+            Arc::from(values);
         let entry = if preview {
             png_file([sr, sc], move || Ok(preview_values(&*values()?)))
         } else {
-            image_npy(kind, [sr, sc], values)
+            image_npy(kind, [sr, sc], move || values())
         };
         cache.put(name.to_string(), entry.clone());
         Some(entry)
@@ -450,6 +591,29 @@ mod tests {
             "ring-1-1-1",
         ] {
             assert_eq!(custom_detector(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn product_names() {
+        assert_eq!(
+            custom_product("com-12-13.5-6_col"),
+            Some(Custom::Com {
+                center: [12.0, 13.5],
+                radius: 6.0,
+                axis: 1
+            })
+        );
+        assert_eq!(custom_product("point-3-40"), Some(Custom::Point(3, 40)));
+        for bad in [
+            "com-1-2_row",
+            "com-1-2-3_x",
+            "point-1",
+            "point-1.5-2",
+            "point--1-2",
+            "com-1-2-3",
+        ] {
+            assert_eq!(custom_product(bad), None, "{bad}");
         }
     }
 }
