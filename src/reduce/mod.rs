@@ -10,6 +10,7 @@
 pub mod accelerator;
 mod cpu;
 pub mod geometry;
+pub mod idpc;
 mod neumaier;
 mod products;
 

@@ -27,7 +27,7 @@ use crate::reduce::geometry::{
     mask_with, radial_bins, radial_profile, DetectorOptions, Geometry, Shape,
 };
 use crate::reduce::{
-    image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, PixelSet,
+    idpc, image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, PixelSet,
     Reducer,
 };
 
@@ -151,6 +151,7 @@ impl Products {
             "com-CY-CX-R_row.npy, com-CY-CX-R_col.npy": "centre of mass inside the disk, minus (CY, CX); NaN where its total is 0",
         });
         doc["radial_profile"] = "radial_profile.npy: mean of mean_dp over valid pixels with k <= d < k+1 about the centre; NaN for empty rings".into();
+        doc["idpc"] = "idpc.npy: Fourier integration of (com_row, com_col) over the scan (periodic least squares, mean 0, NaN taken as 0), in detector pixels times scan steps".into();
         doc["dpc"] = "dpc_magnitude = hypot(com_row, com_col), dpc_angle = atan2(com_row, com_col) in radians, of the mean-subtracted centre of mass".into();
         doc["centre_of_mass"] = serde_json::json!({
             "files": ["com_row.npy", "com_col.npy"],
@@ -346,6 +347,17 @@ pub(super) fn directory(
             }))
         });
     }
+    // iDPC: the field whose gradient is the centre-of-mass field.
+    let q = Arc::clone(&p);
+    image_pair(&mut entries, "idpc", scan, mean_kind, move || {
+        let full = q.full()?;
+        let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
+        let field = idpc::integrate(&row, &col, scan);
+        Ok(Arc::new(match mean_kind {
+            ImageKind::F32 => Image::F32(field.iter().map(|&x| x as f32).collect()),
+            _ => Image::F64(field),
+        }))
+    });
     let q = Arc::clone(&p);
     entries.insert(
         "radial_profile.npy".into(),

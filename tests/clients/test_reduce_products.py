@@ -1,8 +1,9 @@
 """Products computed on lookup or from the full pass, against numpy
 float64 references computed here from the counts numpy wrote: the masked
 centre of mass (LiberTEM's CoM with a mask radius, relative to the given
-centre), a point detector, the DPC magnitude and angle, and the radial
-profile of the mean pattern; on `--gpu off` and wgpu."""
+centre), a point detector, the DPC magnitude and angle, the integrated
+DPC (numpy's FFT) and the radial profile of the mean pattern; on
+`--gpu off` and wgpu."""
 
 import io
 import json
@@ -93,6 +94,17 @@ def test_dpc_and_radial_profile(acquisition):
         ang = load(qem, "virtual/dpc_angle.npy", *flags)
         np.testing.assert_allclose(mag, np.hypot(com_r, com_c), rtol=0, atol=1e-12)
         np.testing.assert_allclose(ang, np.arctan2(com_r, com_c), rtol=0, atol=1e-9)
+        # iDPC: numpy's own Fourier integration of the numpy CoM field.
+        ky = np.fft.fftfreq(com_r.shape[0])[:, None]
+        kx = np.fft.fftfreq(com_r.shape[1])[None, :]
+        k2 = kx**2 + ky**2
+        k2[0, 0] = 1.0
+        spectrum = (ky * np.fft.fft2(com_r) + kx * np.fft.fft2(com_c)) / (2j * np.pi * k2)
+        spectrum[0, 0] = 0.0
+        want_idpc = np.fft.ifft2(spectrum).real
+        idpc = load(qem, "virtual/idpc.npy", *flags)
+        assert idpc.dtype == np.float64
+        np.testing.assert_allclose(idpc, want_idpc, rtol=0, atol=1e-10)
         profile = load(qem, "virtual/radial_profile.npy", *flags)
         assert profile.dtype == np.float64 and profile.shape == (bins,)
         np.testing.assert_allclose(profile, want_profile, rtol=1e-12, atol=0, equal_nan=True)
