@@ -84,24 +84,41 @@ impl Products {
         Reducer::new(self.view.file(), &*self.accelerator).map_err(|e| self.fail(e))
     }
 
+    /// Runs `make`, refusing its result when this file's mapping faulted
+    /// meanwhile (the source was truncated and read as zeros), so that no
+    /// product of a changed file is kept.
+    fn guarded<T>(&self, make: impl FnOnce() -> Result<T, TreeError>) -> Result<T, TreeError> {
+        let faults = self.view.file().faults();
+        let value = make()?;
+        if self.view.file().faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
+        Ok(value)
+    }
+
     fn geometry(&self) -> Result<Arc<Geometry>, TreeError> {
-        self.geometry
-            .get(|| Geometry::resolve(&self.reducer()?, &self.options).map_err(|e| self.fail(e)))
+        self.geometry.get(|| {
+            self.guarded(|| {
+                Geometry::resolve(&self.reducer()?, &self.options).map_err(|e| self.fail(e))
+            })
+        })
     }
 
     fn images(&self) -> Result<Arc<[Image; 4]>, TreeError> {
         self.images.get(|| {
-            let masks = self.geometry()?.masks();
-            let images = self.reducer()?.images(&masks).map_err(|e| self.fail(e))?;
-            images
-                .try_into()
-                .map_err(|_| TreeError::Internal("four images expected".into()))
+            self.guarded(|| {
+                let masks = self.geometry()?.masks();
+                let images = self.reducer()?.images(&masks).map_err(|e| self.fail(e))?;
+                images
+                    .try_into()
+                    .map_err(|_| TreeError::Internal("four images expected".into()))
+            })
         })
     }
 
     fn full(&self) -> Result<Arc<Full>, TreeError> {
         self.full
-            .get(|| self.reducer()?.full().map_err(|e| self.fail(e)))
+            .get(|| self.guarded(|| self.reducer()?.full().map_err(|e| self.fail(e))))
     }
 
     /// The sum of every valid pixel per scan. Counts: from the 32×32
@@ -110,24 +127,26 @@ impl Products {
     /// background subtracted, or exact codes calibrated once in float64).
     fn sums(&self) -> Result<Arc<Image>, TreeError> {
         self.sums.get(|| {
-            let file = self.view.file();
-            if file.codec() != Codec::Integer {
-                let all = PixelSet::new((0..file.pixels() as u32).collect());
-                let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
-                return images
-                    .pop()
-                    .ok_or_else(|| TreeError::Internal("one image expected".into()));
-            }
-            let [_, _, r, c] = file.shape();
-            let (gr, gc) = Tile::Px32.grid(r, c);
-            let sums = file
-                .spatial_sums(Tile::Px32, 0..file.frames())
-                .map_err(|e| self.fail(e))?;
-            Ok(Image::U64(
-                sums.chunks((gr * gc).max(1))
-                    .map(|t| t.iter().map(|&v| u64::from(v)).sum())
-                    .collect(),
-            ))
+            self.guarded(|| {
+                let file = self.view.file();
+                if file.codec() != Codec::Integer {
+                    let all = PixelSet::new((0..file.pixels() as u32).collect());
+                    let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
+                    return images
+                        .pop()
+                        .ok_or_else(|| TreeError::Internal("one image expected".into()));
+                }
+                let [_, _, r, c] = file.shape();
+                let (gr, gc) = Tile::Px32.grid(r, c);
+                let sums = file
+                    .spatial_sums(Tile::Px32, 0..file.frames())
+                    .map_err(|e| self.fail(e))?;
+                Ok(Image::U64(
+                    sums.chunks((gr * gc).max(1))
+                        .map(|t| t.iter().map(|&v| u64::from(v)).sum())
+                        .collect(),
+                ))
+            })
         })
     }
 
@@ -500,8 +519,10 @@ impl VirtualDir {
                 sum_kind,
                 Box::new(move || {
                     image.get(|| {
-                        let set = mask_with([r, c], center, shape, p.options.edges);
-                        one_image(&p, set)
+                        p.guarded(|| {
+                            let set = mask_with([r, c], center, shape, p.options.edges);
+                            one_image(&p, set)
+                        })
                     })
                 }),
             ),
@@ -512,7 +533,11 @@ impl VirtualDir {
                 (
                     sum_kind,
                     Box::new(move || {
-                        image.get(|| one_image(&p, PixelSet::new(vec![(row * c + column) as u32])))
+                        image.get(|| {
+                            p.guarded(|| {
+                                one_image(&p, PixelSet::new(vec![(row * c + column) as u32]))
+                            })
+                        })
                     }),
                 )
             }
@@ -533,9 +558,15 @@ impl VirtualDir {
                     mean_kind,
                     Box::new(move || {
                         let both = pair.get(|| {
-                            let set =
-                                mask_with([r, c], center, Shape::Disk { radius }, p.options.edges);
-                            p.reducer()?.masked_com(&set, center).map_err(|e| p.fail(e))
+                            p.guarded(|| {
+                                let set = mask_with(
+                                    [r, c],
+                                    center,
+                                    Shape::Disk { radius },
+                                    p.options.edges,
+                                );
+                                p.reducer()?.masked_com(&set, center).map_err(|e| p.fail(e))
+                            })
                         })?;
                         Ok(Arc::new(both[axis].clone()))
                     }),
