@@ -1190,3 +1190,50 @@ fn float_extremes_match_the_exact_reference_and_the_cpu() {
         assert!(same(&total, &got.masks[0]));
     }
 }
+
+/// The masked centre of mass is planned as row and column mask sums, so a
+/// GPU backend gives the CPU's values exactly for counts, and a float64
+/// reference's.
+#[test]
+fn masked_centre_of_mass_equals_the_cpu_and_a_reference() {
+    use qemfs::reduce::geometry::{mask, Shape};
+    use qemfs::reduce::Reducer;
+    for gpu in backends() {
+        let (frames, rows, columns) = (12usize, 30usize, 34usize);
+        let p_count = rows * columns;
+        let mut rnd = xorshift(0xc0c0);
+        let values: Vec<u32> = (0..frames * p_count)
+            .map(|_| (rnd() % 900) as u32)
+            .collect();
+        let f = generate(
+            Kind::U16,
+            [3, 4, rows as u64, columns as u64],
+            Some(5),
+            &values,
+            None,
+        );
+        let center = [14.5, 16.0];
+        // 2·21 + 1 rows and columns: more masks than one CPU request holds.
+        let set = mask([rows, columns], center, Shape::Disk { radius: 21.0 });
+        let got = Reducer::new(&f, gpu as &dyn Accelerator)
+            .unwrap()
+            .masked_com(&set, center)
+            .unwrap();
+        let cpu = Reducer::new(&f, &Cpu)
+            .unwrap()
+            .masked_com(&set, center)
+            .unwrap();
+        assert_eq!(got, cpu, "{}", gpu.name());
+        for t in 0..frames {
+            let (mut total, mut mr, mut mc) = (0f64, 0f64, 0f64);
+            for &p in set.pixels() {
+                let v = f64::from(values[t * p_count + p as usize]);
+                total += v;
+                mr += ((p as usize / columns) as f64 - center[0]) * v;
+                mc += ((p as usize % columns) as f64 - center[1]) * v;
+            }
+            let (r, c) = (got[0].get(t).unwrap(), got[1].get(t).unwrap());
+            assert!((r - mr / total).abs() < 1e-12 && (c - mc / total).abs() < 1e-12);
+        }
+    }
+}

@@ -331,13 +331,15 @@ fn reduce_float(
     })
 }
 
-/// The maximum with NaN propagating; the first value seen replaces the
-/// initial 0 (a pattern of negative values keeps its maximum).
+/// The maximum with NaN propagating as the canonical quiet NaN (payloads
+/// differ between backends; the GPU kernels keep only a NaN flag); the
+/// first value seen replaces the initial 0 (a pattern of negative values
+/// keeps its maximum).
 fn nan_max(current: f32, v: f32, seen: bool) -> f32 {
-    if !seen || v.is_nan() || current.is_nan() {
-        if current.is_nan() && seen {
-            return current;
-        }
+    if v.is_nan() || (seen && current.is_nan()) {
+        return f32::NAN;
+    }
+    if !seen {
         return v;
     }
     current.max(v)
