@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::export::tiff::{Sample, TiffLayout};
+use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::mapguard;
 use crate::npy::{self, DType};
 use crate::qem::checksum::{self, hex};
@@ -409,17 +409,20 @@ pub fn directory(
         Dtype::U16 => Sample::U16,
         Dtype::F32 => Sample::F32,
     };
-    let tiff = TiffLayout::new(shape[2] as u32, shape[3] as u32, sample, 1, "");
-    let mut tiff_prefix = tiff.header();
-    tiff_prefix.extend_from_slice(&tiff.page_prefix(0));
+    let tiff = TiffLayout::new(
+        shape[2] as u32,
+        shape[3] as u32,
+        sample,
+        &Sampling::frame(file),
+    );
     let frames = Arc::new(FramesDir {
         view: Arc::clone(&view),
         npy_prefix: Arc::from(npy::encode_header(
             npy_dtype(file.decoded_dtype()),
             &shape[2..],
         )),
-        tiff_prefix: Arc::from(tiff_prefix),
-        tiff_padding: tiff.page_padding(),
+        tiff_prefix: Arc::from(tiff.prefix()),
+        tiff_padding: (tiff.total_len() - tiff.page_data_offset(1)) as usize,
     });
     entries.insert("frames".into(), Entry::Dir(Arc::new(frames)));
 

@@ -13,7 +13,7 @@ use std::path::Path;
 use memmap2::Mmap;
 use serde_json::{Map, Value};
 
-use qemfs::export::tiff::{Sample, TiffLayout};
+use qemfs::export::tiff::{Sample, Sampling, TiffLayout};
 use qemfs::npy::{self, DType};
 use qemfs::publish::{AtomicFile, Overwrite};
 use qemfs::qem::write::{
@@ -318,18 +318,12 @@ fn qem_to_tiff(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
         Dtype::U16 => Sample::U16,
         Dtype::F32 => Sample::F32,
     };
-    // tifffile reads a JSON description with "shape" back as the 4-D array.
-    let description = serde_json::json!({
-        "shape": shape,
-        "axes": ["scan_row", "scan_column", "detector_row", "detector_column"],
-    })
-    .to_string();
+    // An ImageJ hyperstack with the file's calibration (see export::tiff).
     let layout = TiffLayout::new(
         shape[2] as u32,
         shape[3] as u32,
         sample,
-        file.frames() as u64,
-        &description,
+        &Sampling::acquisition(file),
     );
     let mut target =
         AtomicFile::create(&args.output, overwrite(args.force)).map_err(Failure::plain)?;
