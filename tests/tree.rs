@@ -546,3 +546,37 @@ fn a_source_truncated_while_open_gives_an_error_not_a_crash() {
         .collect();
     assert_eq!(names, ["ERROR.txt"]);
 }
+
+#[test]
+fn mask_npy_is_the_validity_mask_and_info_counts_valid_pixels() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let name = "u16-invalid-mask-33x40";
+    let entry = manifest_entry(name);
+    // The manifest's mask: hex, one bit per pixel, most significant first.
+    let hex = entry["valid"].as_str().unwrap();
+    let bits: Vec<u8> = (0..33 * 40)
+        .map(|p| {
+            let byte = u8::from_str_radix(&hex[p / 8 * 2..p / 8 * 2 + 2], 16).unwrap();
+            (byte >> (7 - p % 8)) & 1
+        })
+        .collect();
+    let mask = read(&tree, &format!("{name}.qem/mask.npy"));
+    let h = npy::parse_header(&mask).unwrap();
+    assert_eq!((h.dtype, h.shape.clone()), (npy::DType::Bool, vec![33, 40]));
+    assert_eq!(&mask[h.data_offset..], &bits[..]);
+    assert!(names(&tree, &format!("{name}.qem")).contains(&"mask.npy".to_string()));
+
+    let info: Value =
+        serde_json::from_slice(&read(&tree, &format!("{name}.qem/info.json"))).unwrap();
+    let invalid = entry["invalid_pixels"].as_u64().unwrap();
+    assert_eq!(info["summary"]["valid_pixels"], 33 * 40 - invalid);
+    assert_eq!(info["summary"]["invalid_pixels"], invalid);
+    // Codecs without a mask have no mask.npy and no count.
+    for other in ["f32-special-13x7", "scaled-two-regions-6x5"] {
+        assert!(!names(&tree, &format!("{other}.qem")).contains(&"mask.npy".to_string()));
+        let info: Value =
+            serde_json::from_slice(&read(&tree, &format!("{other}.qem/info.json"))).unwrap();
+        assert_eq!(info["summary"]["valid_pixels"], Value::Null);
+    }
+}

@@ -404,6 +404,22 @@ pub fn directory(
         );
     }
 
+    // data.npy keeps invalid pixels' stored values; this is how a reader
+    // leaves them out (`data.sum(where=mask)`).
+    if let Some(mask) = file.valid_mask() {
+        let header = npy::encode_header(DType::Bool, &shape[2..]);
+        let size = (header.len() + mask.pixels()) as u64;
+        let mask = mask.clone();
+        entries.insert(
+            "mask.npy".into(),
+            Entry::File(Arc::new(Lazy::new(size, move || {
+                let mut out = header.clone();
+                out.extend((0..mask.pixels()).map(|p| u8::from(mask.is_valid(p))));
+                Ok(out)
+            }))),
+        );
+    }
+
     let sample = match file.decoded_dtype() {
         Dtype::U8 => Sample::U8,
         Dtype::U16 => Sample::U16,
