@@ -580,3 +580,33 @@ fn mask_npy_is_the_validity_mask_and_info_counts_valid_pixels() {
         assert_eq!(info["summary"]["valid_pixels"], Value::Null);
     }
 }
+
+#[test]
+fn previews_are_enlarged_copies_of_their_images() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let base = "u16-invalid-mask-33x40.qem/virtual";
+    let npy_bytes = read(&tree, &format!("{base}/bf.npy"));
+    let h = npy::parse_header(&npy_bytes).unwrap();
+    let values: Vec<f32> = npy_bytes[h.data_offset..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (rows, columns) = (h.shape[0], h.shape[1]);
+    let png_bytes = read(&tree, &format!("{base}/bf.png"));
+    let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes))
+        .read_info()
+        .unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut pixels).unwrap();
+    let (w, h) = (info.width as usize, info.height as usize);
+    assert!(w.max(h) >= 256, "{h}x{w}");
+    let k = h / rows;
+    assert_eq!((h, w), (rows * k, columns * k));
+    let gray = qemfs::export::png::auto_contrast(&values);
+    for y in 0..h {
+        for x in 0..w {
+            assert_eq!(pixels[y * w + x], gray[y / k * columns + x / k]);
+        }
+    }
+}

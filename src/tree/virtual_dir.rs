@@ -165,14 +165,8 @@ fn png_file(
 ) -> Entry {
     let (rows, columns) = (shape[0] as u32, shape[1] as u32);
     Entry::File(Arc::new(Lazy::new(
-        png::png_len(rows, columns),
-        move || {
-            Ok(png::encode_gray8(
-                rows,
-                columns,
-                &png::auto_contrast(&values()?),
-            ))
-        },
+        png::preview_len(rows, columns),
+        move || Ok(png::preview(rows, columns, &values()?)),
     )))
 }
 
