@@ -128,6 +128,10 @@ pub struct ConvertArgs {
     /// Scans per chunk of the written .qem
     #[arg(long)]
     pub chunk_scans: Option<u32>,
+    /// .npy and .tiff outputs: write the pixels the validity mask marks
+    /// invalid as zero (counts files; data.npy and plain exports keep them)
+    #[arg(long)]
+    pub masked: bool,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,

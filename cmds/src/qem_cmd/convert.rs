@@ -13,6 +13,7 @@ use std::path::Path;
 use memmap2::Mmap;
 use serde_json::{Map, Value};
 
+use qemfs::export::masked::InvalidPixels;
 use qemfs::export::tiff::{Sample, Sampling, TiffLayout};
 use qemfs::npy::{self, DType};
 use qemfs::publish::{AtomicFile, Overwrite};
@@ -292,7 +293,22 @@ fn npy_dtype(d: Dtype) -> DType {
     }
 }
 
+/// The pixels `--masked` zeroes, if it was given.
+fn masked_pixels(file: &QemFile, args: &ConvertArgs) -> Result<Option<InvalidPixels>, Failure> {
+    if !args.masked {
+        return Ok(None);
+    }
+    match file.valid_mask() {
+        Some(mask) => Ok(Some(InvalidPixels::of(mask))),
+        None => Err(Failure::file(
+            &args.input,
+            "--masked: this file has no validity mask (only counts files have one)",
+        )),
+    }
+}
+
 fn qem_to_npy(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
+    let invalid = masked_pixels(file, args)?;
     let mut target =
         AtomicFile::create(&args.output, overwrite(args.force)).map_err(Failure::plain)?;
     let out = args.output.clone();
@@ -303,7 +319,17 @@ fn qem_to_npy(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
         ))
         .map_err(|e| Failure::file(&out, e))?;
     let mut sink = std::io::BufWriter::with_capacity(1 << 20, &mut target);
+    let mut scratch = Vec::new();
     for_each_block(file, false, "writing .npy", |bytes| {
+        let bytes = match &invalid {
+            Some(invalid) => {
+                scratch.clear();
+                scratch.extend_from_slice(bytes);
+                invalid.zero(&mut scratch, file.decoded_dtype().size());
+                &scratch[..]
+            }
+            None => bytes,
+        };
         sink.write_all(bytes).map_err(|e| Failure::file(&out, e))
     })?;
     sink.flush().map_err(|e| Failure::file(&out, e))?;
@@ -325,6 +351,7 @@ fn qem_to_tiff(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
         sample,
         &Sampling::acquisition(file),
     );
+    let invalid = masked_pixels(file, args)?;
     let mut target =
         AtomicFile::create(&args.output, overwrite(args.force)).map_err(Failure::plain)?;
     let out = args.output.clone();
@@ -348,6 +375,9 @@ fn qem_to_tiff(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
             if let Err(e) = file.decode_block_into(info.index, &mut block) {
                 failure = Some(Failure::plain(e));
                 return Err(std::io::Error::other("decode failed"));
+            }
+            if let Some(invalid) = &invalid {
+                invalid.zero(&mut block, file.decoded_dtype().size());
             }
             block_frames = info.frame_range();
         }
@@ -390,6 +420,12 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
         return Err(Failure::file(
             &args.output,
             "already exists; refusing to replace it (use --force)",
+        ));
+    }
+    if args.masked && ext == "qem" {
+        return Err(Failure::file(
+            &args.output,
+            "--masked applies to .npy and .tiff outputs; a .qem keeps the mask itself",
         ));
     }
     let input = identify(&args.input)?;
