@@ -1,6 +1,7 @@
 //! `NAME.qem/virtual/`: virtual detector images, centre of mass, mean and
-//! maximum patterns, each as `.npy` with an 8-bit `.png` preview, and
-//! `detectors.json` with the geometry used.
+//! maximum patterns, each as `.npy` with an 8-bit `.png` preview (and the
+//! float32 images as calibrated `.tiff`), and `detectors.json` with the
+//! geometry used.
 //!
 //! Sizes come from the header; values are computed on first read through
 //! [`crate::reduce`] and kept (they are small). The four default images
@@ -18,6 +19,7 @@ use super::content::Lazy;
 use super::qem_view::QemView;
 use super::{Directory, Entry, TreeError};
 use crate::export::png;
+use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
 use crate::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
@@ -170,11 +172,31 @@ fn png_file(
     )))
 }
 
-/// A float32 image as `NAME.npy` and `NAME.png`.
+/// A float32 TIFF that carries the image's sampling (scan step or detector
+/// sampling), so Fiji and hyperspy show it to scale.
+fn tiff_file(
+    shape: [usize; 2],
+    sampling: &Sampling,
+    values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + 'static,
+) -> Entry {
+    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling);
+    Entry::File(Arc::new(Lazy::new(layout.total_len(), move || {
+        let mut pixels = f32_bytes(&values()?);
+        pixels.resize(layout.page_data_len() as usize, 0);
+        let mut out = Vec::with_capacity(layout.total_len() as usize);
+        layout
+            .write(&mut out, |_, w| std::io::Write::write_all(w, &pixels))
+            .map_err(|e| TreeError::Internal(e.to_string()))?;
+        Ok(out)
+    })))
+}
+
+/// A float32 image as `NAME.npy`, `NAME.tiff` and `NAME.png`.
 fn image_pair(
     entries: &mut BTreeMap<String, Entry>,
     name: &str,
     shape: [usize; 2],
+    sampling: &Sampling,
     values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + Clone + 'static,
 ) {
     let v = values.clone();
@@ -182,6 +204,8 @@ fn image_pair(
         format!("{name}.npy"),
         npy_file(DType::F32, shape, move || Ok(f32_bytes(&v()?))),
     );
+    let v = values.clone();
+    entries.insert(format!("{name}.tiff"), tiff_file(shape, sampling, v));
     entries.insert(format!("{name}.png"), png_file(shape, values));
 }
 
@@ -201,6 +225,7 @@ pub(super) fn directory(
     let file = view.file();
     let [sr, sc, r, c] = file.shape();
     let (scan, detector) = ([sr, sc], [r, c]);
+    let (scan_sampling, detector_sampling) = (Sampling::scan_image(file), Sampling::frame(file));
     let codec = file.codec();
     let decoded = file.decoded_dtype();
     let p = Arc::new(Products {
@@ -240,18 +265,24 @@ pub(super) fn directory(
     }
     for (k, name) in ["bf", "abf", "adf", "haadf"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, move || Ok(q.images()?[k].clone()));
+        image_pair(&mut entries, name, scan, &scan_sampling, move || {
+            Ok(q.images()?[k].clone())
+        });
     }
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, move || {
+        image_pair(&mut entries, name, scan, &scan_sampling, move || {
             Ok(mean_subtracted(&q.full()?.com[k]))
         });
     }
     let q = Arc::clone(&p);
-    image_pair(&mut entries, "mean_dp", detector, move || {
-        Ok(q.full()?.mean_dp.clone())
-    });
+    image_pair(
+        &mut entries,
+        "mean_dp",
+        detector,
+        &detector_sampling,
+        move || Ok(q.full()?.mean_dp.clone()),
+    );
     let max_dtype = match (codec, decoded) {
         (Codec::Integer, Dtype::U8) => DType::U8,
         (Codec::Integer, _) => DType::U16,
