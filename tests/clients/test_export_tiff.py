@@ -1,6 +1,6 @@
 """TIFF exports read by the field's own readers: tifffile (shape, axes, the
-ImageJ hyperstack metadata that Fiji reads) and rosettasciio, hyperspy's
-reader (axes, scales and units).
+ImageJ hyperstack metadata that Fiji reads), rosettasciio (hyperspy's
+reader: axes, scales and units) and hyperspy itself (a calibrated Signal2D).
 
 Headless Fiji is not available; ImageJ's opener reads the first page's
 ImageDescription (`ImageJ=`, `images=`, `slices=`, `frames=`,
@@ -106,6 +106,25 @@ def test_rosettasciio_loads_axes_and_scales(examples, tmp_path):
     assert [a["navigate"] for a in axes] == [True, True, False, False]
     assert [a["units"] for a in axes] == ["angstrom", "angstrom", "mrad", "mrad"]
     assert [a["scale"] for a in axes] == pytest.approx([0.5, 0.5, 0.8, 0.8])
+
+
+def test_hyperspy_loads_a_calibrated_signal2d(examples, tmp_path, monkeypatch):
+    monkeypatch.setenv("MPLBACKEND", "Agg")  # hyperspy imports matplotlib; no display here
+    hs = pytest.importorskip("hyperspy.api")
+    src = examples / "scan-u16.qem"
+    out = tmp_path / "scan.tiff"
+    run("qem", "convert", src, out)
+    signal = hs.load(out)
+    assert type(signal).__name__ == "Signal2D"
+    np.testing.assert_array_equal(signal.data, qem_array(src, tmp_path))
+    am = signal.axes_manager
+    # hyperspy lists navigation axes fastest first: scan columns, then rows.
+    assert [a.size for a in am.navigation_axes] == [32, 24]
+    assert [a.size for a in am.signal_axes] == [64, 64]
+    assert [a.scale for a in am.navigation_axes] == pytest.approx([0.5, 0.5])
+    assert [a.units for a in am.navigation_axes] == ["angstrom", "angstrom"]
+    assert [a.scale for a in am.signal_axes] == pytest.approx([0.8, 0.8])
+    assert [a.units for a in am.signal_axes] == ["mrad", "mrad"]
 
 
 def test_unequal_steps_and_reciprocal_units(tmp_path):
