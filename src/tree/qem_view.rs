@@ -414,7 +414,7 @@ pub fn directory(
             "mask.npy".into(),
             Entry::File(Arc::new(Lazy::new(size, move || {
                 let mut out = header.clone();
-                out.extend((0..mask.pixels()).map(|p| u8::from(mask.is_valid(p))));
+                out.extend(mask.flags());
                 Ok(out)
             }))),
         );

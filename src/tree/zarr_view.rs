@@ -434,9 +434,7 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
         arrays.push(("codes", meta, chunks));
     }
     if let Some(mask) = file.valid_mask() {
-        let bytes: Vec<u8> = (0..mask.pixels())
-            .map(|p| u8::from(mask.is_valid(p)))
-            .collect();
+        let bytes = mask.flags();
         let mut attributes = Map::new();
         attributes.insert(
             "long_name".into(),
