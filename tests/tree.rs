@@ -610,3 +610,44 @@ fn previews_are_enlarged_copies_of_their_images() {
         }
     }
 }
+
+#[test]
+fn data_tiff_pages_are_the_frames_in_any_read_size() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let name = "u16-invalid-mask-33x40";
+    let Node::File(content, _) = tree.resolve(&format!("{name}.qem/data.tiff")).unwrap() else {
+        panic!("data.tiff is not a file");
+    };
+    let whole = read_all(content.as_ref()).unwrap();
+    assert_eq!(whole.len() as u64, content.size());
+    // Reads of odd sizes at odd offsets give the same bytes.
+    for step in [1usize, 7, 4093] {
+        let mut at = 0;
+        while at < whole.len() {
+            let mut buf = vec![0u8; step];
+            let n = content.read_at(at as u64, &mut buf).unwrap();
+            assert!(n > 0);
+            assert_eq!(&buf[..n], &whole[at..at + n], "step {step} at {at}");
+            at += n;
+        }
+    }
+    let npy_bytes = fs::read(fixtures().join(format!("qem/{name}.npy"))).unwrap();
+    let h = npy::parse_header(&npy_bytes).unwrap();
+    let frame_bytes = 33 * 40 * 2;
+    let mut decoder = tiff::decoder::Decoder::new(std::io::Cursor::new(&whole)).unwrap();
+    for f in 0..6 {
+        let tiff::decoder::DecodingResult::U16(page) = decoder.read_image().unwrap() else {
+            panic!("page {f} is not uint16");
+        };
+        let page: Vec<u8> = page.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            page,
+            &npy_bytes[h.data_offset + f * frame_bytes..][..frame_bytes]
+        );
+        if f < 5 {
+            decoder.next_image().unwrap();
+        }
+    }
+    assert!(!decoder.more_images());
+}

@@ -394,7 +394,7 @@ fn ls_and_cat_serve_the_virtual_tree() {
     assert!(listing.status.success());
     assert_eq!(
         text(&listing.stdout),
-        "data.npy\ndata.zarr/\nframes/\nheader.json\ninfo.json\nlogical_sha256\nmask.npy\nraw.qem\nsha256\nvirtual/\n"
+        "data.npy\ndata.tiff\ndata.zarr/\nframes/\nheader.json\ninfo.json\nlogical_sha256\nmask.npy\nraw.qem\nsha256\nvirtual/\n"
     );
     let long = qem()
         .current_dir(&dir)

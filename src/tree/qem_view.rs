@@ -187,6 +187,24 @@ impl Content for DenseArray {
     }
 }
 
+/// `data.tiff`: the whole array as the ImageJ hyperstack `qem convert`
+/// writes, served by range (Fiji opens it from the mount as it is).
+struct DenseTiff {
+    view: Arc<QemView>,
+    layout: TiffLayout,
+}
+
+impl Content for DenseTiff {
+    fn size(&self) -> u64 {
+        self.layout.total_len()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        self.layout
+            .read_at(offset, buf, |at, out| self.view.read_dense(at, out, false))
+    }
+}
+
 /// One frame as `.npy` or as a single-page TIFF: a fixed prefix, the
 /// frame's bytes, and (TIFF) padding.
 struct FrameFile {
@@ -439,6 +457,18 @@ pub fn directory(
         shape[3] as u32,
         sample,
         &Sampling::frame(file),
+    );
+    entries.insert(
+        "data.tiff".into(),
+        Entry::File(Arc::new(DenseTiff {
+            view: Arc::clone(&view),
+            layout: TiffLayout::new(
+                shape[2] as u32,
+                shape[3] as u32,
+                sample,
+                &Sampling::acquisition(file),
+            ),
+        })),
     );
     let frames = Arc::new(FramesDir {
         view: Arc::clone(&view),

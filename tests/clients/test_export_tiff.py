@@ -212,3 +212,24 @@ def test_mounted_virtual_tiff_is_the_cat_bytes(examples, mount):
     mnt = mount(examples)
     mounted = (mnt / "scan-u16.qem" / "virtual" / "haadf.tiff").read_bytes()
     assert mounted == run("qem", "cat", examples / "scan-u16.qem", "virtual/haadf.tiff").stdout
+
+
+def test_cat_data_tiff_is_the_converted_file(examples, tmp_path):
+    src = examples / "scan-u16.qem"
+    run("qem", "convert", src, tmp_path / "scan.tiff")
+    assert run("qem", "cat", src, "data.tiff").stdout == (tmp_path / "scan.tiff").read_bytes()
+
+
+def test_mounted_data_tiff_opens_as_the_hyperstack(examples, tmp_path, mount):
+    src = examples / "scan-u16.qem"
+    run("qem", "convert", src, tmp_path / "scan.tiff")
+    converted = (tmp_path / "scan.tiff").read_bytes()
+    mnt = mount(examples)
+    mounted = mnt / "scan-u16.qem" / "data.tiff"
+    assert mounted.stat().st_size == len(converted)
+    with tifffile.TiffFile(mounted) as tif:
+        assert tif.imagej_metadata["images"] == 24 * 32
+        assert tif.series[0].axes == "TZYX"
+        got = tif.series[0].asarray()
+    np.testing.assert_array_equal(got, qem_array(src, tmp_path))
+    assert mounted.read_bytes() == converted
