@@ -280,12 +280,21 @@ fn align8(n: u64) -> u64 {
 impl TiffLayout {
     /// The layout of a TIFF of `rows × columns` images: one page, or one
     /// per scan position when `calibration.stack` is given.
-    pub fn new(rows: u32, columns: u32, sample: Sample, calibration: &Sampling) -> Self {
+    /// `None` when the file would not fit 64-bit offsets (a header may
+    /// declare such a shape; no offset is then computed at all).
+    pub fn new(rows: u32, columns: u32, sample: Sample, calibration: &Sampling) -> Option<Self> {
+        let page_bytes = u128::from(rows) * u128::from(columns) * u128::from(sample.size());
+        // Generous bounds on an IFD (under 1 KiB) and on the header and
+        // out-of-line values (under 64 KiB: a description of a few lines).
+        let bound = u128::from(calibration.pages()) * (page_bytes + 1024) + 65_536;
+        if bound > u128::from(u64::MAX) {
+            return None;
+        }
         let mut layout = Self::plan(rows, columns, sample, calibration, false);
         if layout.total_len() > u64::from(u32::MAX) {
             layout = Self::plan(rows, columns, sample, calibration, true);
         }
-        layout
+        Some(layout)
     }
 
     fn plan(rows: u32, columns: u32, sample: Sample, cal: &Sampling, big: bool) -> Self {
@@ -646,7 +655,7 @@ mod tests {
     #[test]
     fn every_page_decodes_with_its_pixels() {
         for sample in [Sample::U8, Sample::U16, Sample::F32] {
-            let layout = TiffLayout::new(3, 5, sample, &stack(2, 3));
+            let layout = TiffLayout::new(3, 5, sample, &stack(2, 3)).unwrap();
             let bytes = build(&layout, fill(&layout));
             assert_eq!(bytes.len() as u64, layout.total_len());
             let pages = decode_all(&bytes);
@@ -671,7 +680,7 @@ mod tests {
 
     #[test]
     fn pixels_are_contiguous_after_the_first_ifd_as_imagej_reads_them() {
-        let layout = TiffLayout::new(4, 2, Sample::U16, &stack(3, 2));
+        let layout = TiffLayout::new(4, 2, Sample::U16, &stack(3, 2)).unwrap();
         let bytes = build(&layout, fill(&layout));
         let start = layout.data_offset() as usize;
         let n = layout.page_data_len() as usize;
@@ -689,7 +698,7 @@ mod tests {
 
     #[test]
     fn the_description_is_an_imagej_hyperstack() {
-        let layout = TiffLayout::new(4, 2, Sample::U16, &stack(3, 2));
+        let layout = TiffLayout::new(4, 2, Sample::U16, &stack(3, 2)).unwrap();
         let bytes = build(&layout, fill(&layout));
         let mut decoder = Decoder::new(Cursor::new(&bytes)).unwrap();
         let text = decoder.get_tag_ascii_string(Tag::ImageDescription).unwrap();
@@ -734,7 +743,7 @@ mod tests {
                 column_step: None,
             }),
         };
-        let layout = TiffLayout::new(2, 2, Sample::U8, &cal);
+        let layout = TiffLayout::new(2, 2, Sample::U8, &cal).unwrap();
         let bytes = build(&layout, fill(&layout));
         let mut decoder = Decoder::new(Cursor::new(&bytes)).unwrap();
         let text = decoder.get_tag_ascii_string(Tag::ImageDescription).unwrap();
@@ -756,7 +765,7 @@ mod tests {
             image: [step(0.3, "1/angstrom"), step(0.3, "1/angstrom")],
             stack: None,
         };
-        let layout = TiffLayout::new(3, 3, Sample::F32, &cal);
+        let layout = TiffLayout::new(3, 3, Sample::F32, &cal).unwrap();
         assert_eq!(layout.pages(), 1);
         let bytes = build(&layout, fill(&layout));
         assert_eq!(bytes.len() as u64, layout.total_len());
@@ -770,7 +779,7 @@ mod tests {
 
     #[test]
     fn read_at_serves_the_same_bytes_as_write() {
-        let layout = TiffLayout::new(3, 5, Sample::U16, &stack(2, 3));
+        let layout = TiffLayout::new(3, 5, Sample::U16, &stack(2, 3)).unwrap();
         let bytes = build(&layout, fill(&layout));
         let data: Vec<u8> = (0..6).flat_map(|p| fill(&layout)(p)).collect();
         let total = layout.total_len() as usize;
@@ -799,11 +808,31 @@ mod tests {
     }
 
     #[test]
+    fn shapes_beyond_64_bit_offsets_are_refused() {
+        let axis = (1u64 << 24) - 1;
+        let cal = Sampling {
+            image: [None, None],
+            stack: Some(ScanStack {
+                rows: axis,
+                columns: axis,
+                row_step: None,
+                column_step: None,
+            }),
+        };
+        let side = axis as u32;
+        assert!(TiffLayout::new(side, side, Sample::F32, &cal).is_none());
+        // One such frame alone fits.
+        assert!(TiffLayout::new(side, side, Sample::F32, &Sampling::default()).is_some());
+    }
+
+    #[test]
     fn huge_files_switch_to_bigtiff() {
-        let layout = TiffLayout::new(256, 256, Sample::F32, &stack(100, 200));
+        let layout = TiffLayout::new(256, 256, Sample::F32, &stack(100, 200)).unwrap();
         assert!(layout.is_bigtiff());
         assert!(layout.total_len() > u64::from(u32::MAX));
-        assert!(!TiffLayout::new(256, 256, Sample::F32, &stack(10, 10)).is_bigtiff());
+        assert!(!TiffLayout::new(256, 256, Sample::F32, &stack(10, 10))
+            .unwrap()
+            .is_bigtiff());
         // Check the structure on a small BigTIFF built with the same code.
         let small = TiffLayout::plan(2, 3, Sample::U16, &stack(2, 2), true);
         let bytes = build(&small, fill(&small));

@@ -457,19 +457,23 @@ pub fn directory(
         shape[3] as u32,
         sample,
         &Sampling::frame(file),
-    );
-    entries.insert(
-        "data.tiff".into(),
-        Entry::File(Arc::new(DenseTiff {
-            view: Arc::clone(&view),
-            layout: TiffLayout::new(
-                shape[2] as u32,
-                shape[3] as u32,
-                sample,
-                &Sampling::acquisition(file),
-            ),
-        })),
-    );
+    )
+    .ok_or_else(|| TreeError::Internal("a frame too large for TIFF".into()))?;
+    // Absent only for shapes whose TIFF would not fit 64-bit offsets.
+    if let Some(layout) = TiffLayout::new(
+        shape[2] as u32,
+        shape[3] as u32,
+        sample,
+        &Sampling::acquisition(file),
+    ) {
+        entries.insert(
+            "data.tiff".into(),
+            Entry::File(Arc::new(DenseTiff {
+                view: Arc::clone(&view),
+                layout,
+            })),
+        );
+    }
     let frames = Arc::new(FramesDir {
         view: Arc::clone(&view),
         npy_prefix: Arc::from(npy::encode_header(

@@ -178,17 +178,21 @@ fn tiff_file(
     shape: [usize; 2],
     sampling: &Sampling,
     values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + 'static,
-) -> Entry {
-    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling);
-    Entry::File(Arc::new(Lazy::new(layout.total_len(), move || {
-        let mut pixels = f32_bytes(&values()?);
-        pixels.resize(layout.page_data_len() as usize, 0);
-        let mut out = Vec::with_capacity(layout.total_len() as usize);
-        layout
-            .write(&mut out, |_, w| std::io::Write::write_all(w, &pixels))
-            .map_err(|e| TreeError::Internal(e.to_string()))?;
-        Ok(out)
-    })))
+) -> Option<Entry> {
+    // A 2-D image always fits (axes are below 2^24).
+    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling)?;
+    Some(Entry::File(Arc::new(Lazy::new(
+        layout.total_len(),
+        move || {
+            let mut pixels = f32_bytes(&values()?);
+            pixels.resize(layout.page_data_len() as usize, 0);
+            let mut out = Vec::with_capacity(layout.total_len() as usize);
+            layout
+                .write(&mut out, |_, w| std::io::Write::write_all(w, &pixels))
+                .map_err(|e| TreeError::Internal(e.to_string()))?;
+            Ok(out)
+        },
+    ))))
 }
 
 /// A float32 image as `NAME.npy`, `NAME.tiff` and `NAME.png`.
@@ -205,7 +209,9 @@ fn image_pair(
         npy_file(DType::F32, shape, move || Ok(f32_bytes(&v()?))),
     );
     let v = values.clone();
-    entries.insert(format!("{name}.tiff"), tiff_file(shape, sampling, v));
+    if let Some(tiff) = tiff_file(shape, sampling, v) {
+        entries.insert(format!("{name}.tiff"), tiff);
+    }
     entries.insert(format!("{name}.png"), png_file(shape, values));
 }
 

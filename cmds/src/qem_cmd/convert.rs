@@ -350,7 +350,13 @@ fn qem_to_tiff(file: &QemFile, args: &ConvertArgs) -> Result<(), Failure> {
         shape[3] as u32,
         sample,
         &Sampling::acquisition(file),
-    );
+    )
+    .ok_or_else(|| {
+        Failure::file(
+            &args.input,
+            "too large for one TIFF (its offsets would exceed 64 bits)",
+        )
+    })?;
     let invalid = masked_pixels(file, args)?;
     let mut target =
         AtomicFile::create(&args.output, overwrite(args.force)).map_err(Failure::plain)?;
