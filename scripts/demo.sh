@@ -28,9 +28,13 @@ if [ "$(id -u)" = 0 ] && [ -e /dev/fuse ]; then
 import sys, numpy as np
 mnt = sys.argv[1]
 a = np.load(f"{mnt}/scan-u16.qem/data.npy", mmap_mode="r")
-print("data.npy (memory-mapped):", a.shape, a.dtype, "total counts", int(a.sum(dtype=np.uint64)))
+# data.npy keeps what the detector stored, hot pixels too; mask.npy says which pixels are valid.
+m = np.load(f"{mnt}/scan-u16.qem/mask.npy")
+print("data.npy (memory-mapped):", a.shape, a.dtype, "total valid counts", int(a.sum(dtype=np.uint64, where=m)),
+      f"(mask.npy leaves out {int((~m).sum())} invalid detector pixels)")
 s = np.load(f"{mnt}/scan-u16.qem/virtual/sum.npy")
-print("virtual/sum.npy (from the spatial index, no decoding):", s.shape, s.dtype, "min", s.min(), "max", s.max())
+print("virtual/sum.npy (from the spatial index, no decoding):", s.shape, s.dtype, "min", s.min(), "max", s.max(),
+      "total", int(s.sum()))
 import json
 d = json.load(open(f"{mnt}/scan-u16.qem/virtual/detectors.json"))
 print("bright-field disk:", d["bright_field_disk"]["method"], "centre", [round(c, 2) for c in d["center"]],

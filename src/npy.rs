@@ -20,6 +20,8 @@ const MAX_HEADER: usize = 1 << 20;
 /// Element types of arrays we read and write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// numpy's `bool`: one byte, 0 or 1 (validity masks).
+    Bool,
     U8,
     U16,
     U32,
@@ -36,7 +38,7 @@ impl DType {
     /// Size of one element in bytes.
     pub fn size(self) -> usize {
         match self {
-            DType::U8 | DType::I8 => 1,
+            DType::Bool | DType::U8 | DType::I8 => 1,
             DType::U16 | DType::I16 => 2,
             DType::U32 | DType::I32 | DType::F32 => 4,
             DType::U64 | DType::I64 | DType::F64 => 8,
@@ -46,6 +48,7 @@ impl DType {
     /// The numpy `descr` string, as numpy writes it.
     pub fn descr(self) -> &'static str {
         match self {
+            DType::Bool => "|b1",
             DType::U8 => "|u1",
             DType::U16 => "<u2",
             DType::U32 => "<u4",
@@ -62,6 +65,7 @@ impl DType {
     /// The dtype's name as numpy prints it (`uint16`, `float32`, ...).
     pub fn name(self) -> &'static str {
         match self {
+            DType::Bool => "bool",
             DType::U8 => "uint8",
             DType::U16 => "uint16",
             DType::U32 => "uint32",
@@ -93,6 +97,7 @@ impl DType {
         // below as unsupported.
         let (order, kind) = descr.split_at_checked(1).unwrap_or(("", descr));
         let dtype = match kind {
+            "b1" | "?" => DType::Bool,
             "u1" | "B" => DType::U8,
             "i1" | "b" => DType::I8,
             "u2" => DType::U16,

@@ -557,3 +557,108 @@ fn a_source_truncated_while_open_gives_an_error_not_a_crash() {
         .collect();
     assert_eq!(names, ["ERROR.txt"]);
 }
+
+#[test]
+fn mask_npy_is_the_validity_mask_and_info_counts_valid_pixels() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let name = "u16-invalid-mask-33x40";
+    let entry = manifest_entry(name);
+    // The manifest's mask: hex, one bit per pixel, most significant first.
+    let hex = entry["valid"].as_str().unwrap();
+    let bits: Vec<u8> = (0..33 * 40)
+        .map(|p| {
+            let byte = u8::from_str_radix(&hex[p / 8 * 2..p / 8 * 2 + 2], 16).unwrap();
+            (byte >> (7 - p % 8)) & 1
+        })
+        .collect();
+    let mask = read(&tree, &format!("{name}.qem/mask.npy"));
+    let h = npy::parse_header(&mask).unwrap();
+    assert_eq!((h.dtype, h.shape.clone()), (npy::DType::Bool, vec![33, 40]));
+    assert_eq!(&mask[h.data_offset..], &bits[..]);
+    assert!(names(&tree, &format!("{name}.qem")).contains(&"mask.npy".to_string()));
+
+    let info: Value =
+        serde_json::from_slice(&read(&tree, &format!("{name}.qem/info.json"))).unwrap();
+    let invalid = entry["invalid_pixels"].as_u64().unwrap();
+    assert_eq!(info["summary"]["valid_pixels"], 33 * 40 - invalid);
+    assert_eq!(info["summary"]["invalid_pixels"], invalid);
+    // Codecs without a mask have no mask.npy and no count.
+    for other in ["f32-special-13x7", "scaled-two-regions-6x5"] {
+        assert!(!names(&tree, &format!("{other}.qem")).contains(&"mask.npy".to_string()));
+        let info: Value =
+            serde_json::from_slice(&read(&tree, &format!("{other}.qem/info.json"))).unwrap();
+        assert_eq!(info["summary"]["valid_pixels"], Value::Null);
+    }
+}
+
+#[test]
+fn previews_are_enlarged_copies_of_their_images() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let base = "u16-invalid-mask-33x40.qem/virtual";
+    let npy_bytes = read(&tree, &format!("{base}/bf.npy"));
+    let h = npy::parse_header(&npy_bytes).unwrap();
+    let values: Vec<f32> = npy_bytes[h.data_offset..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (rows, columns) = (h.shape[0], h.shape[1]);
+    let png_bytes = read(&tree, &format!("{base}/bf.png"));
+    let mut reader = png::Decoder::new(std::io::Cursor::new(png_bytes))
+        .read_info()
+        .unwrap();
+    let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+    let info = reader.next_frame(&mut pixels).unwrap();
+    let (w, h) = (info.width as usize, info.height as usize);
+    assert!(w.max(h) >= 256, "{h}x{w}");
+    let k = h / rows;
+    assert_eq!((h, w), (rows * k, columns * k));
+    let gray = qemfs::export::png::auto_contrast(&values);
+    for y in 0..h {
+        for x in 0..w {
+            assert_eq!(pixels[y * w + x], gray[y / k * columns + x / k]);
+        }
+    }
+}
+
+#[test]
+fn data_tiff_pages_are_the_frames_in_any_read_size() {
+    let dir = folder();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let name = "u16-invalid-mask-33x40";
+    let Node::File(content, _) = tree.resolve(&format!("{name}.qem/data.tiff")).unwrap() else {
+        panic!("data.tiff is not a file");
+    };
+    let whole = read_all(content.as_ref()).unwrap();
+    assert_eq!(whole.len() as u64, content.size());
+    // Reads of odd sizes at odd offsets give the same bytes.
+    for step in [1usize, 7, 4093] {
+        let mut at = 0;
+        while at < whole.len() {
+            let mut buf = vec![0u8; step];
+            let n = content.read_at(at as u64, &mut buf).unwrap();
+            assert!(n > 0);
+            assert_eq!(&buf[..n], &whole[at..at + n], "step {step} at {at}");
+            at += n;
+        }
+    }
+    let npy_bytes = fs::read(fixtures().join(format!("qem/{name}.npy"))).unwrap();
+    let h = npy::parse_header(&npy_bytes).unwrap();
+    let frame_bytes = 33 * 40 * 2;
+    let mut decoder = tiff::decoder::Decoder::new(std::io::Cursor::new(&whole)).unwrap();
+    for f in 0..6 {
+        let tiff::decoder::DecodingResult::U16(page) = decoder.read_image().unwrap() else {
+            panic!("page {f} is not uint16");
+        };
+        let page: Vec<u8> = page.iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(
+            page,
+            &npy_bytes[h.data_offset + f * frame_bytes..][..frame_bytes]
+        );
+        if f < 5 {
+            decoder.next_image().unwrap();
+        }
+    }
+    assert!(!decoder.more_images());
+}

@@ -170,6 +170,10 @@ pub struct ConvertArgs {
     /// Compression of a written .zarr store's chunks
     #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
     pub zarr_compression: ZarrCompression,
+    /// .npy and .tiff outputs: write the pixels the validity mask marks
+    /// invalid as zero (counts files; data.npy and plain exports keep them)
+    #[arg(long)]
+    pub masked: bool,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,

@@ -305,22 +305,25 @@ fn tiff_pages_hold_the_frames() {
     let npy = fs::read(dir.join("u16-mixed-chunks-9x9.npy")).unwrap();
     let h = qemfs::npy::parse_header(&npy).unwrap();
     let frames = h.shape[0] * h.shape[1];
-    let layout = qemfs::export::tiff::TiffLayout::new(
-        9,
-        9,
-        qemfs::export::tiff::Sample::U16,
-        frames as u64,
-        "",
-    );
-    let frame_bytes = 9 * 9 * 2;
-    assert_eq!(&tiff[..4], b"II*\0");
-    // Check a frame in the middle: its pixels are where the layout says.
-    let f = frames / 2;
-    let want = &npy[h.data_offset + f * frame_bytes..][..frame_bytes];
-    let first_ifd = u32::from_le_bytes(tiff[4..8].try_into().unwrap()) as u64;
-    let shift = first_ifd - layout.page_offset(0);
-    let at = (layout.page_data_offset(f as u64) + shift) as usize;
-    assert_eq!(&tiff[at..at + frame_bytes], want);
+    let frame_bytes = h.shape[2] * h.shape[3] * 2;
+    // Every page, through the `tiff` crate's decoder, is its frame.
+    let mut decoder = tiff::decoder::Decoder::new(std::io::Cursor::new(&tiff)).unwrap();
+    for f in 0..frames {
+        assert_eq!(
+            decoder.dimensions().unwrap(),
+            (h.shape[3] as u32, h.shape[2] as u32)
+        );
+        let tiff::decoder::DecodingResult::U16(page) = decoder.read_image().unwrap() else {
+            panic!("frame {f} is not uint16");
+        };
+        let page: Vec<u8> = page.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let want = &npy[h.data_offset + f * frame_bytes..][..frame_bytes];
+        assert_eq!(page, want, "frame {f}");
+        assert_eq!(decoder.more_images(), f + 1 < frames);
+        if f + 1 < frames {
+            decoder.next_image().unwrap();
+        }
+    }
 }
 
 #[test]
@@ -391,7 +394,7 @@ fn ls_and_cat_serve_the_virtual_tree() {
     assert!(listing.status.success());
     assert_eq!(
         text(&listing.stdout),
-        "data.npy\ndata.zarr/\nframes/\nheader.json\ninfo.json\nlogical_sha256\nraw.qem\nsha256\nvirtual/\n"
+        "data.npy\ndata.tiff\ndata.zarr/\nframes/\nheader.json\ninfo.json\nlogical_sha256\nmask.npy\nraw.qem\nsha256\nvirtual/\n"
     );
     let long = qem()
         .current_dir(&dir)

@@ -89,7 +89,8 @@ impl Narrowing {
     pub fn plan(source: SourceDtype, allow_rounding: bool) -> Narrowing {
         let name = source.dtype.name();
         let (stored, record, round) = match source.dtype {
-            DType::U8 => (Element::U8, None, false),
+            // numpy's bool is one byte, 0 or 1: counts of 0 and 1 exactly.
+            DType::U8 | DType::Bool => (Element::U8, None, false),
             DType::U16 => (Element::U16, None, false),
             DType::F32 => (Element::F32, None, false),
             DType::U32 | DType::U64 | DType::I8 | DType::I16 | DType::I32 | DType::I64 => (
@@ -173,7 +174,7 @@ impl Narrowing {
         };
         let round = self.round;
         match self.source.dtype {
-            DType::U8 => each!(u8, 1, |v: u8, o: &mut [u8]| {
+            DType::U8 | DType::Bool => each!(u8, 1, |v: u8, o: &mut [u8]| {
                 o[0] = v;
                 Ok::<(), ()>(())
             }),

@@ -148,6 +148,9 @@ pub struct Options {
     pub metadata: MetadataOptions,
     /// Chunk compression of a written Zarr store.
     pub zarr_compression: crate::zarr::store::Compression,
+    /// `.npy` and `.tiff` outputs: write the pixels the validity mask marks
+    /// invalid as zero.
+    pub masked: bool,
 }
 
 /// Progress and warnings of a conversion, drawn by the caller.
@@ -194,9 +197,51 @@ pub fn convert(
     if sink_format == SinkFormat::Zarr {
         return qem_to_zarr(input, output, options, monitor);
     }
+    if options.masked && sink_format == SinkFormat::Qem {
+        return Err(ConvertError::input(
+            output,
+            "--masked applies to .npy and .tiff outputs; a .qem keeps the mask itself",
+        ));
+    }
     let mut source = open_source(input, sink_format, options, monitor)?;
-    let sink = open_sink(output, sink_format, source.description(), options)?;
+    let mut sink = open_sink(output, sink_format, source.description(), options)?;
+    if options.masked {
+        let Some(valid) = source.description().valid() else {
+            return Err(ConvertError::input(
+                input,
+                "--masked: this file has no validity mask (only counts files have one)",
+            ));
+        };
+        sink = Box::new(Masked {
+            invalid: crate::export::masked::InvalidPixels::of_flags(valid),
+            element: source.description().element.size(),
+            inner: sink,
+            scratch: Vec::new(),
+        });
+    }
     run(source.as_mut(), sink, monitor)
+}
+
+/// `--masked`: zeroes the invalid pixels of every window on its way to the
+/// sink.
+struct Masked {
+    invalid: crate::export::masked::InvalidPixels,
+    element: usize,
+    inner: Box<dyn Sink>,
+    scratch: Vec<u8>,
+}
+
+impl Sink for Masked {
+    fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
+        self.scratch.clear();
+        self.scratch.extend_from_slice(window);
+        self.invalid.zero(&mut self.scratch, self.element);
+        self.inner.write_frames(&self.scratch)
+    }
+
+    fn publish(self: Box<Self>) -> Result<(), ConvertError> {
+        self.inner.publish()
+    }
 }
 
 /// `.qem` → Zarr store: chunks decoded and compressed in parallel, straight

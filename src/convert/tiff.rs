@@ -14,18 +14,16 @@ use super::dense::not_representable;
 use super::describe::{foreign, Document};
 use super::element::{Element, Narrowing, SourceDtype};
 use super::{ConvertError, Description, Options, Sink, Source};
-use crate::export::tiff::{Sample, TiffLayout};
+use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::npy::DType;
 use crate::publish::{AtomicFile, Overwrite};
 use crate::qem::write::Calibration;
+use crate::qem::ScientificMetadata;
 
 pub struct TiffSink {
     path: PathBuf,
     layout: TiffLayout,
     out: BufWriter<AtomicFile>,
-    frame_bytes: usize,
-    page: u64,
-    padding: Vec<u8>,
 }
 
 impl TiffSink {
@@ -35,19 +33,17 @@ impl TiffSink {
             Element::U16 => Sample::U16,
             Element::F32 => Sample::F32,
         };
-        // tifffile reads a JSON description with "shape" back as the 4-D array.
-        let description = serde_json::json!({
-            "shape": d.shape,
-            "axes": ["scan_row", "scan_column", "detector_row", "detector_column"],
-        })
-        .to_string();
+        // An ImageJ hyperstack with the description's calibration (see
+        // export::tiff): Fiji, tifffile and hyperspy read it to scale.
+        let metadata = ScientificMetadata::parse(&d.scientific_metadata, &d.shape)
+            .map_err(|e| ConvertError::input(path, e.to_string()))?;
         let layout = TiffLayout::new(
             d.shape[2] as u32,
             d.shape[3] as u32,
             sample,
-            d.frames(),
-            &description,
-        );
+            &Sampling::stack_of(d.shape, &metadata),
+        )
+        .ok_or_else(|| ConvertError::input(path, "too large for one TIFF file"))?;
         let overwrite = if force {
             Overwrite::Replace
         } else {
@@ -55,34 +51,28 @@ impl TiffSink {
         };
         let target = AtomicFile::create(path, overwrite)?;
         let mut out = BufWriter::with_capacity(1 << 20, target);
-        out.write_all(&layout.header())
+        out.write_all(&layout.prefix())
             .map_err(|e| ConvertError::io(path, e))?;
         Ok(TiffSink {
             path: path.to_path_buf(),
-            padding: vec![0; layout.page_padding()],
             layout,
             out,
-            frame_bytes: d.frame_bytes(),
-            page: 0,
         })
     }
 }
 
 impl Sink for TiffSink {
     fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
-        for frame in window.chunks_exact(self.frame_bytes.max(1)) {
-            let prefix = self.layout.page_prefix(self.page);
-            self.out
-                .write_all(&prefix)
-                .and_then(|()| self.out.write_all(frame))
-                .and_then(|()| self.out.write_all(&self.padding))
-                .map_err(|e| ConvertError::io(&self.path, e))?;
-            self.page += 1;
-        }
-        Ok(())
+        // The pixels of every page lie back to back after the prefix.
+        self.out
+            .write_all(window)
+            .map_err(|e| ConvertError::io(&self.path, e))
     }
 
-    fn publish(self: Box<Self>) -> Result<(), ConvertError> {
+    fn publish(mut self: Box<Self>) -> Result<(), ConvertError> {
+        self.out
+            .write_all(&self.layout.trailer())
+            .map_err(|e| ConvertError::io(&self.path, e))?;
         let target = self
             .out
             .into_inner()

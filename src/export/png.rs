@@ -3,9 +3,61 @@
 //! The image data is stored in uncompressed deflate blocks: previews are
 //! small, and an uncompressed PNG's size follows from its shape alone, so
 //! the mount can list a preview's exact size before computing it.
+//!
+//! A virtual image has one value per scan position, often a few dozen a
+//! side; shown one screen pixel each it is a smudge. Previews are therefore
+//! enlarged by a whole factor, each value a square block (nearest
+//! neighbour, so no value is invented), until the long side is at least
+//! [`PREVIEW_MIN_SIDE`] pixels.
 
 /// Largest payload of one stored deflate block.
 const STORED_BLOCK: usize = 65_535;
+
+/// Previews are enlarged until their long side has at least this many pixels.
+pub const PREVIEW_MIN_SIDE: u32 = 256;
+
+/// The whole factor a `rows × columns` image is enlarged by.
+fn preview_factor(rows: u32, columns: u32) -> u32 {
+    let long = rows.max(columns);
+    if long == 0 {
+        1
+    } else {
+        PREVIEW_MIN_SIDE.div_ceil(long)
+    }
+}
+
+/// The shape of the preview of a `rows × columns` image.
+pub fn preview_shape(rows: u32, columns: u32) -> (u32, u32) {
+    let k = preview_factor(rows, columns);
+    (rows * k, columns * k)
+}
+
+/// Exact size of the PNG [`preview`] writes for an image of this shape.
+pub fn preview_len(rows: u32, columns: u32) -> u64 {
+    let (r, c) = preview_shape(rows, columns);
+    png_len(r, c)
+}
+
+/// The preview of a `rows × columns` image of `values` (row-major): the
+/// 8-bit stretch of [`auto_contrast`], enlarged to [`preview_shape`].
+pub fn preview(rows: u32, columns: u32, values: &[f32]) -> Vec<u8> {
+    let k = preview_factor(rows, columns) as usize;
+    let (r, c) = (rows as usize, columns as usize);
+    let mut gray = auto_contrast(values);
+    gray.resize(r * c, 0);
+    let mut big = Vec::with_capacity(r * c * k * k);
+    for row in gray.chunks(c.max(1)).take(r) {
+        let line: Vec<u8> = row
+            .iter()
+            .flat_map(|&v| std::iter::repeat_n(v, k))
+            .collect();
+        for _ in 0..k {
+            big.extend_from_slice(&line);
+        }
+    }
+    let (pr, pc) = preview_shape(rows, columns);
+    encode_gray8(pr, pc, &big)
+}
 
 /// Exact size of the PNG [`encode_gray8`] writes for an image of this shape.
 pub fn png_len(rows: u32, columns: u32) -> u64 {
@@ -116,53 +168,17 @@ fn adler32(data: &[u8]) -> u32 {
 mod tests {
     use super::*;
 
-    /// Undoes the encoding with an independent walk over chunks and stored
-    /// blocks, checking every CRC and the Adler-32.
-    fn decode(png: &[u8]) -> (u32, u32, Vec<u8>) {
-        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
-        let mut at = 8;
-        let (mut w, mut h, mut idat) = (0, 0, Vec::new());
-        while at < png.len() {
-            let len = u32::from_be_bytes(png[at..at + 4].try_into().unwrap()) as usize;
-            let kind = &png[at + 4..at + 8];
-            let data = &png[at + 8..at + 8 + len];
-            let crc = u32::from_be_bytes(png[at + 8 + len..at + 12 + len].try_into().unwrap());
-            assert_eq!(crc, crc32fast::hash(&png[at + 4..at + 8 + len]));
-            match kind {
-                b"IHDR" => {
-                    w = u32::from_be_bytes(data[..4].try_into().unwrap());
-                    h = u32::from_be_bytes(data[4..8].try_into().unwrap());
-                    assert_eq!(&data[8..], &[8, 0, 0, 0, 0]);
-                }
-                b"IDAT" => idat.extend_from_slice(data),
-                b"IEND" => assert_eq!(at + 12, png.len()),
-                other => panic!("unexpected chunk {other:?}"),
-            }
-            at += 12 + len;
-        }
-        let mut raw = Vec::new();
-        let mut p = 2;
-        loop {
-            let last = idat[p] & 1;
-            let len = usize::from(u16::from_le_bytes([idat[p + 1], idat[p + 2]]));
-            let nlen = u16::from_le_bytes([idat[p + 3], idat[p + 4]]);
-            assert_eq!(!nlen as usize, len);
-            raw.extend_from_slice(&idat[p + 5..p + 5 + len]);
-            p += 5 + len;
-            if last == 1 {
-                break;
-            }
-        }
-        assert_eq!(
-            u32::from_be_bytes(idat[p..p + 4].try_into().unwrap()),
-            adler32(&raw)
-        );
-        let mut pixels = Vec::new();
-        for row in raw.chunks(w as usize + 1) {
-            assert_eq!(row[0], 0);
-            pixels.extend_from_slice(&row[1..]);
-        }
-        (w, h, pixels)
+    /// Decodes with the `png` crate, which checks every CRC and the zlib
+    /// stream's Adler-32.
+    fn decode(bytes: &[u8]) -> (u32, u32, Vec<u8>) {
+        let decoder = ::png::Decoder::new(std::io::Cursor::new(bytes));
+        let mut reader = decoder.read_info().unwrap();
+        let mut pixels = vec![0; reader.output_buffer_size().unwrap()];
+        let info = reader.next_frame(&mut pixels).unwrap();
+        assert_eq!(info.color_type, ::png::ColorType::Grayscale);
+        assert_eq!(info.bit_depth, ::png::BitDepth::Eight);
+        pixels.truncate(info.buffer_size());
+        (info.width, info.height, pixels)
     }
 
     #[test]
@@ -202,5 +218,35 @@ mod tests {
         assert!(out[5] <= 2);
         assert_eq!(auto_contrast(&[3.0, 3.0]), vec![128, 128]);
         assert_eq!(auto_contrast(&[f32::INFINITY]), vec![0]);
+    }
+
+    #[test]
+    fn small_images_are_enlarged_block_by_block() {
+        for (rows, columns) in [(24, 32), (1, 1), (3, 300), (256, 2), (600, 10)] {
+            let values: Vec<f32> = (0..rows * columns).map(|i| (i % 97) as f32).collect();
+            let png = preview(rows, columns, &values);
+            assert_eq!(png.len() as u64, preview_len(rows, columns));
+            let (w, h, pixels) = decode(&png);
+            assert_eq!((h, w), preview_shape(rows, columns));
+            assert!(w.max(h) >= PREVIEW_MIN_SIDE, "{rows}x{columns} -> {h}x{w}");
+            let k = (h / rows) as usize;
+            assert_eq!(
+                (h as usize, w as usize),
+                (rows as usize * k, columns as usize * k)
+            );
+            // Nearest neighbour: every output pixel is its source value's stretch.
+            let gray = auto_contrast(&values);
+            for (i, &p) in pixels.iter().enumerate() {
+                let (y, x) = (i / w as usize, i % w as usize);
+                assert_eq!(
+                    p,
+                    gray[y / k * columns as usize + x / k],
+                    "{rows}x{columns} at {y},{x}"
+                );
+            }
+        }
+        // 24 x 32 scan positions (the bundled example) become 192 x 256.
+        assert_eq!(preview_shape(24, 32), (192, 256));
+        assert_eq!(preview_shape(300, 400), (300, 400));
     }
 }

@@ -133,6 +133,14 @@ impl ValidMask {
         p < self.pixels && self.bytes[p / 8] & (0x80 >> (p % 8)) != 0
     }
 
+    /// One byte per pixel, 1 where valid: numpy's and Zarr's `bool` layout
+    /// (`mask.npy`, `data.zarr/mask`).
+    pub fn flags(&self) -> Vec<u8> {
+        (0..self.pixels)
+            .map(|p| u8::from(self.is_valid(p)))
+            .collect()
+    }
+
     pub fn invalid_count(&self) -> usize {
         (0..self.pixels).filter(|&p| !self.is_valid(p)).count()
     }

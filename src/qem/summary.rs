@@ -79,6 +79,8 @@ impl QemFile {
             "decoded_bytes": decoded,
             "compression_ratio": decoded.map(|d| d as f64 / self.file_bytes().max(1) as f64),
             "invalid_pixels": self.valid_mask().map(|m| m.invalid_count()),
+            // Detector pixels the mask keeps (`null` for codecs without one).
+            "valid_pixels": self.valid_mask().map(|m| m.pixels() - m.invalid_count()),
             "metadata_schema": match md.schema {
                 Schema::V1 => super::metadata::SCHEMA_1,
                 Schema::V2 => super::metadata::SCHEMA_2,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sha2::{Digest, Sha256};
 
-use crate::export::tiff::{Sample, TiffLayout};
+use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::mapguard;
 use crate::npy::{self, DType};
 use crate::qem::checksum::{self, hex};
@@ -184,6 +184,24 @@ impl Content for DenseArray {
                 .read_dense(data_offset, &mut buf[done..], self.codes)?;
         }
         Ok(done)
+    }
+}
+
+/// `data.tiff`: the whole array as the ImageJ hyperstack `qem convert`
+/// writes, served by range (Fiji opens it from the mount as it is).
+struct DenseTiff {
+    view: Arc<QemView>,
+    layout: TiffLayout,
+}
+
+impl Content for DenseTiff {
+    fn size(&self) -> u64 {
+        self.layout.total_len()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        self.layout
+            .read_at(offset, buf, |at, out| self.view.read_dense(at, out, false))
     }
 }
 
@@ -404,6 +422,22 @@ pub fn directory(
         );
     }
 
+    // data.npy keeps invalid pixels' stored values; this is how a reader
+    // leaves them out (`data.sum(where=mask)`).
+    if let Some(mask) = file.valid_mask() {
+        let header = npy::encode_header(DType::Bool, &shape[2..]);
+        let size = (header.len() + mask.pixels()) as u64;
+        let mask = mask.clone();
+        entries.insert(
+            "mask.npy".into(),
+            Entry::File(Arc::new(Lazy::new(size, move || {
+                let mut out = header.clone();
+                out.extend(mask.flags());
+                Ok(out)
+            }))),
+        );
+    }
+
     let source_name = source
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -418,17 +452,36 @@ pub fn directory(
         Dtype::U16 => Sample::U16,
         Dtype::F32 => Sample::F32,
     };
-    let tiff = TiffLayout::new(shape[2] as u32, shape[3] as u32, sample, 1, "");
-    let mut tiff_prefix = tiff.header();
-    tiff_prefix.extend_from_slice(&tiff.page_prefix(0));
+    let tiff = TiffLayout::new(
+        shape[2] as u32,
+        shape[3] as u32,
+        sample,
+        &Sampling::frame(file),
+    )
+    .ok_or_else(|| TreeError::Internal("a frame too large for TIFF".into()))?;
+    // Absent only for shapes whose TIFF would not fit 64-bit offsets.
+    if let Some(layout) = TiffLayout::new(
+        shape[2] as u32,
+        shape[3] as u32,
+        sample,
+        &Sampling::acquisition(file),
+    ) {
+        entries.insert(
+            "data.tiff".into(),
+            Entry::File(Arc::new(DenseTiff {
+                view: Arc::clone(&view),
+                layout,
+            })),
+        );
+    }
     let frames = Arc::new(FramesDir {
         view: Arc::clone(&view),
         npy_prefix: Arc::from(npy::encode_header(
             npy_dtype(file.decoded_dtype()),
             &shape[2..],
         )),
-        tiff_prefix: Arc::from(tiff_prefix),
-        tiff_padding: tiff.page_padding(),
+        tiff_prefix: Arc::from(tiff.prefix()),
+        tiff_padding: (tiff.total_len() - tiff.page_data_offset(1)) as usize,
     });
     entries.insert("frames".into(), Entry::Dir(Arc::new(frames)));
 

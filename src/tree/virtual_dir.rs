@@ -1,6 +1,7 @@
 //! `NAME.qem/virtual/`: virtual detector images, centre of mass, mean and
-//! maximum patterns, each as `.npy` with an 8-bit `.png` preview, and
-//! `detectors.json` with the geometry used.
+//! maximum patterns, each as `.npy` with an 8-bit `.png` preview (and the
+//! float32 images as calibrated `.tiff`), and `detectors.json` with the
+//! geometry used.
 //!
 //! Sizes come from the header; values are computed on first read through
 //! [`crate::reduce`] and kept (they are small). The four default images
@@ -21,6 +22,7 @@ use super::content::Lazy;
 use super::qem_view::QemView;
 use super::{Directory, Entry, TreeError};
 use crate::export::png;
+use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
 use crate::reduce::geometry::{
@@ -219,14 +221,8 @@ fn png_file(
 ) -> Entry {
     let (rows, columns) = (shape[0] as u32, shape[1] as u32);
     Entry::File(Arc::new(Lazy::new(
-        png::png_len(rows, columns),
-        move || {
-            Ok(png::encode_gray8(
-                rows,
-                columns,
-                &png::auto_contrast(&values()?),
-            ))
-        },
+        png::preview_len(rows, columns),
+        move || Ok(png::preview(rows, columns, &values()?)),
     )))
 }
 
@@ -264,23 +260,53 @@ fn image_npy(
     })
 }
 
-/// An image as `NAME.npy` (in its kind's dtype) and `NAME.png`.
+/// A float32 TIFF that carries the image's sampling (scan step or detector
+/// sampling), so Fiji and hyperspy show it to scale.
+fn tiff_file(
+    shape: [usize; 2],
+    sampling: &Sampling,
+    values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + 'static,
+) -> Option<Entry> {
+    // A 2-D image always fits (axes are below 2^24).
+    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling)?;
+    Some(Entry::File(Arc::new(Lazy::new(
+        layout.total_len(),
+        move || {
+            let mut pixels = f32_bytes(&values()?);
+            pixels.resize(layout.page_data_len() as usize, 0);
+            let mut out = Vec::with_capacity(layout.total_len() as usize);
+            layout
+                .write(&mut out, |_, w| std::io::Write::write_all(w, &pixels))
+                .map_err(|e| TreeError::Internal(e.to_string()))?;
+            Ok(out)
+        },
+    ))))
+}
+
+/// An image as `NAME.npy` (in its kind's dtype), `NAME.tiff` (float32, with the
+/// sampling, for Fiji and hyperspy; the exact values are the .npy's) and
+/// `NAME.png`.
 fn image_pair(
     entries: &mut BTreeMap<String, Entry>,
     name: &str,
     shape: [usize; 2],
     kind: ImageKind,
+    sampling: &Sampling,
     values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + Clone + 'static,
 ) {
     let v = values.clone();
     entries.insert(format!("{name}.npy"), image_npy(kind, shape, v));
+    let v = values.clone();
+    if let Some(tiff) = tiff_file(shape, sampling, move || Ok(preview_values(&*v()?))) {
+        entries.insert(format!("{name}.tiff"), tiff);
+    }
     entries.insert(
         format!("{name}.png"),
         png_file(shape, move || Ok(preview_values(&*values()?))),
     );
 }
 
-/// An image's values for an 8-bit preview.
+/// An image's values for an 8-bit preview or a float32 TIFF.
 fn preview_values(image: &Image) -> Vec<f32> {
     image.to_f64().into_iter().map(|v| v as f32).collect()
 }
@@ -314,6 +340,7 @@ pub(super) fn directory(
     let file = view.file();
     let [sr, sc, r, c] = file.shape();
     let (scan, detector) = ([sr, sc], [r, c]);
+    let (scan_sampling, detector_sampling) = (Sampling::scan_image(file), Sampling::frame(file));
     let codec = file.codec();
     let decoded = file.decoded_dtype();
     let [sum_kind, mean_kind] = image_kinds(codec);
@@ -337,18 +364,35 @@ pub(super) fn directory(
         ))),
     );
     let q = Arc::clone(&p);
-    image_pair(&mut entries, "sum", scan, sum_kind, move || q.sums());
+    image_pair(
+        &mut entries,
+        "sum",
+        scan,
+        sum_kind,
+        &scan_sampling,
+        move || q.sums(),
+    );
     for (k, name) in ["bf", "abf", "adf", "haadf"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, sum_kind, move || {
-            Ok(Arc::new(q.images()?[k].clone()))
-        });
+        image_pair(
+            &mut entries,
+            name,
+            scan,
+            sum_kind,
+            &scan_sampling,
+            move || Ok(Arc::new(q.images()?[k].clone())),
+        );
     }
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, mean_kind, move || {
-            Ok(Arc::new(mean_subtracted(&q.full()?.com[k])))
-        });
+        image_pair(
+            &mut entries,
+            name,
+            scan,
+            mean_kind,
+            &scan_sampling,
+            move || Ok(Arc::new(mean_subtracted(&q.full()?.com[k]))),
+        );
     }
     // DPC: the mean-subtracted centre of mass as a vector (column, row).
     for (name, f) in [
@@ -356,27 +400,41 @@ pub(super) fn directory(
         ("dpc_angle", f64::atan2),
     ] {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, mean_kind, move || {
-            let full = q.full()?;
-            let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
-            let v = row.iter().zip(&col).map(|(&r, &c)| f(r, c));
-            Ok(Arc::new(match mean_kind {
-                ImageKind::F32 => Image::F32(v.map(|x| x as f32).collect()),
-                _ => Image::F64(v.collect()),
-            }))
-        });
+        image_pair(
+            &mut entries,
+            name,
+            scan,
+            mean_kind,
+            &scan_sampling,
+            move || {
+                let full = q.full()?;
+                let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
+                let v = row.iter().zip(&col).map(|(&r, &c)| f(r, c));
+                Ok(Arc::new(match mean_kind {
+                    ImageKind::F32 => Image::F32(v.map(|x| x as f32).collect()),
+                    _ => Image::F64(v.collect()),
+                }))
+            },
+        );
     }
     // iDPC: the field whose gradient is the centre-of-mass field.
     let q = Arc::clone(&p);
-    image_pair(&mut entries, "idpc", scan, mean_kind, move || {
-        let full = q.full()?;
-        let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
-        let field = idpc::integrate(&row, &col, scan);
-        Ok(Arc::new(match mean_kind {
-            ImageKind::F32 => Image::F32(field.iter().map(|&x| x as f32).collect()),
-            _ => Image::F64(field),
-        }))
-    });
+    image_pair(
+        &mut entries,
+        "idpc",
+        scan,
+        mean_kind,
+        &scan_sampling,
+        move || {
+            let full = q.full()?;
+            let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
+            let field = idpc::integrate(&row, &col, scan);
+            Ok(Arc::new(match mean_kind {
+                ImageKind::F32 => Image::F32(field.iter().map(|&x| x as f32).collect()),
+                _ => Image::F64(field),
+            }))
+        },
+    );
     let q = Arc::clone(&p);
     entries.insert(
         "radial_profile.npy".into(),
@@ -389,9 +447,14 @@ pub(super) fn directory(
         }),
     );
     let q = Arc::clone(&p);
-    image_pair(&mut entries, "mean_dp", detector, mean_kind, move || {
-        Ok(Arc::new(q.full()?.mean_dp.clone()))
-    });
+    image_pair(
+        &mut entries,
+        "mean_dp",
+        detector,
+        mean_kind,
+        &detector_sampling,
+        move || Ok(Arc::new(q.full()?.mean_dp.clone())),
+    );
     let max_dtype = match (codec, decoded) {
         (Codec::Integer, Dtype::U8) => DType::U8,
         (Codec::Integer, _) => DType::U16,

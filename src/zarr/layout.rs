@@ -135,12 +135,7 @@ pub fn mask_attributes() -> Map<String, Value> {
 /// The valid mask as one byte (0 or 1) per detector pixel, for files whose
 /// codec has one.
 pub fn mask_bytes(file: &QemFile) -> Option<Vec<u8>> {
-    let mask = file.valid_mask()?;
-    Some(
-        (0..mask.pixels())
-            .map(|p| u8::from(mask.is_valid(p)))
-            .collect(),
-    )
+    Some(file.valid_mask()?.flags())
 }
 
 /// A coordinate array of one dimension.

@@ -78,6 +78,7 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
             ZarrCompression::Zstd => Compression::Zstd,
             ZarrCompression::None => Compression::None,
         },
+        masked: args.masked,
     };
     let mut bar = Bar(None);
     let result = convert::convert(&args.input, &args.output, &options, &mut bar);
