@@ -8,6 +8,8 @@
 //! the acquisition: sources read their windows with positioned reads, not
 //! by mapping the whole input.
 
+mod bitshuffle;
+mod dectris;
 mod dense;
 mod describe;
 mod detect;
@@ -205,6 +207,7 @@ pub fn open_source(
         SourceFormat::Empad => Box::new(empad::EmpadSource::open(path, options, monitor)?),
         SourceFormat::Mib => Box::new(mib::MibSource::open(path, options)?),
         SourceFormat::Tiff => Box::new(tiff::TiffSource::open(path, options)?),
+        SourceFormat::Hdf5 => Box::new(dectris::DectrisSource::open(path, options)?),
     };
     metadata::apply(path, &mut *source, &options.metadata, monitor)?;
     Ok(source)
