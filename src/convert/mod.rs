@@ -16,6 +16,7 @@ mod detect;
 mod element;
 mod empad;
 mod error;
+mod hdf5;
 pub mod metadata;
 mod mib;
 mod npy;
@@ -199,6 +200,12 @@ pub fn open_source(
     options: &Options,
     monitor: &mut dyn Monitor,
 ) -> Result<Box<dyn Source>, ConvertError> {
+    if let Some((file, dataset)) = hdf5::split_dataset_path(path) {
+        let mut source: Box<dyn Source> =
+            Box::new(hdf5::Hdf5Source::open(&file, &dataset, options)?);
+        metadata::apply(&file, &mut *source, &options.metadata, monitor)?;
+        return Ok(source);
+    }
     let format = detect(path)?;
     let mut source: Box<dyn Source> = match format {
         SourceFormat::Npy => Box::new(npy::NpySource::open(path, options)?),
