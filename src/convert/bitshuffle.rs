@@ -20,20 +20,30 @@ fn be64(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 
-/// Undoes the bit transposition of `m` elements (`m` a multiple of 8).
+/// Transposes an 8×8 bit matrix held in a u64 (byte `r` = row `r`, bit `c`
+/// = column `c`), by the three block swaps of Hacker's Delight §7-3.
+fn transpose8(mut x: u64) -> u64 {
+    let t = (x ^ (x >> 7)) & 0x00AA_00AA_00AA_00AA;
+    x ^= t ^ (t << 7);
+    let t = (x ^ (x >> 14)) & 0x0000_CCCC_0000_CCCC;
+    x ^= t ^ (t << 14);
+    let t = (x ^ (x >> 28)) & 0x0000_0000_F0F0_F0F0;
+    x ^ t ^ (t << 28)
+}
+
+/// Undoes the bit transposition of `m` elements (`m` a multiple of 8): for
+/// each byte `b` of the elements and each group of 8 elements, the 8 plane
+/// bytes (bits `k = 0..8`) form an 8×8 bit matrix whose transpose is byte
+/// `b` of those 8 elements.
 fn bit_unshuffle(planes: &[u8], m: usize, elem: usize, out: &mut [u8]) {
-    out.fill(0);
     let row = m / 8;
     for b in 0..elem {
-        for k in 0..8 {
-            let plane = &planes[(8 * b + k) * row..][..row];
-            for (j, &byte) in plane.iter().enumerate() {
-                if byte == 0 {
-                    continue;
-                }
-                for bit in 0..8 {
-                    out[(8 * j + bit) * elem + b] |= ((byte >> bit) & 1) << k;
-                }
+        let plane = |k: usize| &planes[(8 * b + k) * row..][..row];
+        let rows: [&[u8]; 8] = std::array::from_fn(plane);
+        for j in 0..row {
+            let x = u64::from_le_bytes(std::array::from_fn(|k| rows[k][j]));
+            for (e, byte) in transpose8(x).to_le_bytes().into_iter().enumerate() {
+                out[(8 * j + e) * elem + b] = byte;
             }
         }
     }
@@ -162,6 +172,18 @@ mod tests {
             }
         }
         planes
+    }
+
+    #[test]
+    fn transpose8_swaps_rows_and_columns() {
+        for seed in [1u64, 0x0123_4567_89ab_cdef, u64::MAX, 1 << 63] {
+            let t = transpose8(seed);
+            for r in 0..8 {
+                for c in 0..8 {
+                    assert_eq!(seed >> (8 * r + c) & 1, t >> (8 * c + r) & 1);
+                }
+            }
+        }
     }
 
     #[test]
