@@ -14,3 +14,4 @@ pub mod qem;
 pub mod reduce;
 pub mod semq;
 pub mod tree;
+pub mod zarr;

@@ -15,6 +15,8 @@ Examples:
   qem convert scan.npy scan.qem --metadata calib.json
   qem convert scan.qem scan.npy
   qem convert scan.qem frames.tiff
+  qem convert scan.qem scan.zarr
+  qem convert scan.zarr scan.qem
   qem ls scan.qem virtual
   qem cat scan.qem virtual/sum.npy > sum.npy
 
@@ -43,7 +45,7 @@ pub enum Command {
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
     Diff(DiffArgs),
-    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, raw) to .qem, and .qem to .npy or .tiff
+    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, Zarr, raw) to .qem, and .qem to .npy, .tiff or .zarr
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
     Ls(LsArgs),
@@ -129,10 +131,10 @@ fn parse_shape(text: &str) -> Result<[u32; 4], String> {
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
     /// .npy, .qem, TIFF stack, EMPAD .xml (+ .raw), Merlin .mib (+ .hdr), DECTRIS
-    /// HDF5 master file or raw binary
+    /// HDF5 master file, FILE.h5:/dataset, a Zarr store (folder) or raw binary
     /// (with --shape and --dtype); recognised by content
     pub input: PathBuf,
-    /// .qem, .npy or .tiff
+    /// .qem, .npy, .tiff or .zarr (a Zarr v3 store)
     pub output: PathBuf,
     /// JSON merged into the scientific metadata (calibration, voltage, ...)
     #[arg(long, value_name = "JSON")]
@@ -166,9 +168,25 @@ pub struct ConvertArgs {
     /// Scans per chunk of the written .qem
     #[arg(long)]
     pub chunk_scans: Option<u32>,
+    /// Compression of a written .zarr store's chunks
+    #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
+    pub zarr_compression: ZarrCompression,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+/// Chunk compression of `qem convert X.qem X.zarr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ZarrCompression {
+    /// blosc: byte shuffle, then zstd level 3
+    BloscZstd,
+    /// blosc: byte shuffle, then LZ4 (fastest to read)
+    BloscLz4,
+    /// zstd level 3
+    Zstd,
+    /// uncompressed
+    None,
 }
 
 #[derive(Debug, Args)]

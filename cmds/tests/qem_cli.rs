@@ -391,7 +391,7 @@ fn ls_and_cat_serve_the_virtual_tree() {
     assert!(listing.status.success());
     assert_eq!(
         text(&listing.stdout),
-        "data.npy\nframes/\nheader.json\ninfo.json\nlogical_sha256\nraw.qem\nsha256\nvirtual/\n"
+        "data.npy\ndata.zarr/\nframes/\nheader.json\ninfo.json\nlogical_sha256\nraw.qem\nsha256\nvirtual/\n"
     );
     let long = qem()
         .current_dir(&dir)

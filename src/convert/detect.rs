@@ -19,6 +19,8 @@ pub enum SourceFormat {
     Tiff,
     /// HDF5 (a DECTRIS master file).
     Hdf5,
+    /// A Zarr store (a folder).
+    Zarr,
     /// Anything unrecognised: raw binary, described by `--shape`/`--dtype`.
     Raw,
 }
@@ -28,6 +30,9 @@ const SNIFF: usize = 512;
 
 /// The format of the file at `path`, from its content.
 pub fn detect(path: &Path) -> Result<SourceFormat, ConvertError> {
+    if path.is_dir() {
+        return Ok(SourceFormat::Zarr);
+    }
     let mut head = Vec::with_capacity(SNIFF);
     File::open(path)
         .and_then(|f| f.take(SNIFF as u64).read_to_end(&mut head))

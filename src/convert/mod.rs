@@ -23,6 +23,7 @@ mod npy;
 mod qem;
 mod raw;
 mod tiff;
+mod zarr;
 
 use std::path::Path;
 
@@ -110,6 +111,8 @@ pub enum SinkFormat {
     Qem,
     Npy,
     Tiff,
+    /// A compressed Zarr v3 store (from a `.qem` file only).
+    Zarr,
 }
 
 impl SinkFormat {
@@ -119,6 +122,7 @@ impl SinkFormat {
             "qem" => Some(SinkFormat::Qem),
             "npy" => Some(SinkFormat::Npy),
             "tif" | "tiff" => Some(SinkFormat::Tiff),
+            "zarr" => Some(SinkFormat::Zarr),
             _ => None,
         }
     }
@@ -145,6 +149,8 @@ pub struct Options {
     /// Store float64 input as float32 even where values round.
     pub allow_float_rounding: bool,
     pub metadata: MetadataOptions,
+    /// Chunk compression of a written Zarr store.
+    pub zarr_compression: crate::zarr::store::Compression,
 }
 
 /// Progress and warnings of a conversion, drawn by the caller.
@@ -179,7 +185,7 @@ pub fn convert(
     let Some(sink_format) = SinkFormat::from_path(output) else {
         return Err(ConvertError::input(
             output,
-            "unknown output type; use .qem, .npy or .tiff",
+            "unknown output type; use .qem, .npy, .tiff or .zarr",
         ));
     };
     if !options.force && std::fs::symlink_metadata(output).is_ok() {
@@ -188,9 +194,56 @@ pub fn convert(
             "already exists; refusing to replace it (use --force)",
         ));
     }
+    if sink_format == SinkFormat::Zarr {
+        return qem_to_zarr(input, output, options, monitor);
+    }
     let mut source = open_source(input, sink_format, options, monitor)?;
     let sink = open_sink(output, sink_format, source.description(), options)?;
     run(source.as_mut(), sink, monitor)
+}
+
+/// `.qem` → Zarr store: chunks decoded and compressed in parallel, straight
+/// from the file's blocks (the store's layout follows them; see
+/// [`crate::zarr::layout`]), rather than through windows.
+fn qem_to_zarr(
+    input: &Path,
+    output: &Path,
+    options: &Options,
+    monitor: &mut dyn Monitor,
+) -> Result<(), ConvertError> {
+    if detect(input)? != SourceFormat::Qem {
+        return Err(ConvertError::input(
+            input,
+            "only a .qem file converts to a Zarr store",
+        ));
+    }
+    let file = crate::qem::QemFile::open(input).map_err(|e| ConvertError::read(input, e))?;
+    let name = input
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let overwrite = if options.force {
+        crate::publish::Overwrite::Replace
+    } else {
+        crate::publish::Overwrite::Never
+    };
+    monitor.start((file.frames() * file.frame_bytes()) as u64);
+    // Chunks are written from rayon workers; the monitor is not Sync.
+    let done = std::sync::atomic::AtomicU64::new(0);
+    let written = crate::zarr::store::write_store(
+        &file,
+        &name,
+        output,
+        overwrite,
+        options.zarr_compression,
+        &|bytes| {
+            done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        },
+    );
+    monitor.advance(done.into_inner());
+    monitor.finish();
+    written.map_err(|e| ConvertError::input(&e.store, e.reason))?;
+    Ok(())
 }
 
 /// Opens `path` as a source, recognising its format from its content.
@@ -215,6 +268,7 @@ pub fn open_source(
         SourceFormat::Mib => Box::new(mib::MibSource::open(path, options)?),
         SourceFormat::Tiff => Box::new(tiff::TiffSource::open(path, options)?),
         SourceFormat::Hdf5 => Box::new(dectris::DectrisSource::open(path, options)?),
+        SourceFormat::Zarr => Box::new(zarr::ZarrIn::open(path)?),
     };
     metadata::apply(path, &mut *source, &options.metadata, monitor)?;
     Ok(source)
@@ -231,6 +285,12 @@ pub fn open_sink(
         SinkFormat::Qem => Box::new(qem::QemSink::create(path, description, options)?),
         SinkFormat::Npy => Box::new(npy::NpySink::create(path, description, options.force)?),
         SinkFormat::Tiff => Box::new(tiff::TiffSink::create(path, description, options.force)?),
+        SinkFormat::Zarr => {
+            return Err(ConvertError::input(
+                path,
+                "a Zarr store is written from a .qem file only",
+            ))
+        }
     })
 }
 

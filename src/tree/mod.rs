@@ -15,6 +15,7 @@ pub mod content;
 mod qem_view;
 mod semq_view;
 mod virtual_dir;
+pub mod zarr_view;
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs;

@@ -21,7 +21,7 @@ use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
 use super::content::{copy_range, Bytes, Content, Lazy, Passthrough};
-use super::virtual_dir;
+use super::{virtual_dir, zarr_view};
 use super::{BlockCache, BlockKey, Directory, Entry, StaticDir, TreeError};
 
 /// An opened `.qem` file shared by all of its nodes.
@@ -120,7 +120,7 @@ impl QemView {
         drop(spawned);
     }
 
-    fn element_size(&self, codes: bool) -> usize {
+    pub(super) fn element_size(&self, codes: bool) -> usize {
         if codes {
             2
         } else {
@@ -130,7 +130,7 @@ impl QemView {
 
     /// Copies decoded array bytes `[offset, offset + buf.len())` (offsets
     /// into the C-order array) into `buf`.
-    fn read_dense(
+    pub(super) fn read_dense(
         self: &Arc<Self>,
         offset: u64,
         buf: &mut [u8],
@@ -403,6 +403,15 @@ pub fn directory(
             })),
         );
     }
+
+    let source_name = source
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    entries.insert(
+        "data.zarr".into(),
+        Entry::Dir(zarr_view::directory(&view, &source_name)),
+    );
 
     let sample = match file.decoded_dtype() {
         Dtype::U8 => Sample::U8,

@@ -7,7 +7,8 @@ use qemfs::convert::{self, MetadataOptions, Monitor, Options, RawLayout, SourceD
 use qemfs::npy::DType;
 
 use crate::exit::{Failure, OK};
-use crate::qem_args::{ConvertArgs, RawDtype};
+use crate::qem_args::{ConvertArgs, RawDtype, ZarrCompression};
+use qemfs::zarr::store::Compression;
 
 fn raw_dtype(d: RawDtype) -> DType {
     match d {
@@ -70,6 +71,12 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
             voltage_kv: args.voltage_kv,
             scan_step_angstrom: args.scan_step,
             detector_sampling: args.detector_sampling,
+        },
+        zarr_compression: match args.zarr_compression {
+            ZarrCompression::BloscZstd => Compression::BloscZstd,
+            ZarrCompression::BloscLz4 => Compression::BloscLz4,
+            ZarrCompression::Zstd => Compression::Zstd,
+            ZarrCompression::None => Compression::None,
         },
     };
     let mut bar = Bar(None);

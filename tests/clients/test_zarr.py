@@ -1,0 +1,225 @@
+"""`NAME.qem/data.zarr`: zarr-python 3 and 2, xarray and a Dask cluster read
+the Zarr view of an acquisition, through the mount and through a copy made
+with `qem ls`/`qem cat`."""
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from conftest import REPO, conformance, run
+
+FIXTURES = [
+    "u16-invalid-mask-33x40",  # counts with a valid mask, calibrated
+    "u8-two-block-chunks",  # 300 columns: chunks of part of a row, blocks in two chunks
+    "f32-special-13x7",  # float32 with NaN/inf/-0 values
+    "scaled-three-regions-9x9",  # calibrated float32 from stored codes
+]
+DIMS = ("scan_row", "scan_column", "detector_row", "detector_column")
+
+
+def cat(container: Path, rel: str) -> bytes:
+    return run("qem", "cat", container, rel).stdout
+
+
+def load_npy(container: Path, rel: str) -> np.ndarray:
+    return np.load(io.BytesIO(cat(container, rel)))
+
+
+def copy_tree(container: Path, rel: str, dest: Path):
+    """Copies a folder of the virtual tree with `qem ls` and `qem cat`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in run("qem", "ls", container, rel).stdout.decode().split():
+        if name.endswith("/"):
+            copy_tree(container, f"{rel}/{name[:-1]}", dest / name[:-1])
+        else:
+            (dest / name).write_bytes(cat(container, f"{rel}/{name}"))
+
+
+def valid_mask(header: dict, detector) -> np.ndarray | None:
+    """The header's valid mask (spec §6.1: MSB first, 1 = valid), decoded here."""
+    if "valid" not in header:
+        return None
+    bits = np.unpackbits(np.frombuffer(bytes.fromhex(header["valid"]), np.uint8))
+    return bits[: detector[0] * detector[1]].reshape(detector).astype(bool)
+
+
+def make_qem(tmp_path: Path, array: np.ndarray, name: str) -> Path:
+    npy = tmp_path / f"{name}.npy"
+    np.save(npy, array)
+    out = tmp_path / "src" / f"{name}.qem"
+    out.parent.mkdir(exist_ok=True)
+    run("qem", "convert", npy, out)
+    return out
+
+
+def acquisition(rows, cols, det, seed=7) -> np.ndarray:
+    """Low-dose counts with a bright disk, as a detector would see them."""
+    rng = np.random.default_rng(seed)
+    r, c = np.indices((det, det))
+    disk = np.hypot(r - det / 2, c - det / 2) < det / 5
+    lam = np.where(disk, 30.0, 0.05)
+    return rng.poisson(lam, size=(rows, cols, det, det)).astype(np.uint16)
+
+
+@pytest.fixture
+def copied(tmp_path):
+    def copy(container: Path) -> Path:
+        dest = tmp_path / "copies" / container.name / "data.zarr"
+        copy_tree(container, "data.zarr", dest)
+        return dest
+
+    return copy
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_zarr_copy_reads_back_the_decoded_array(name, copy_fixture, copied):
+    container = copy_fixture(f"qem/{name}.qem")
+    path = copied(container)
+    expected = load_npy(container, "data.npy")
+    for fmt in (3, 2):
+        group = zarr.open_group(str(path), mode="r", zarr_format=fmt)
+        data = group["data"]
+        assert data.shape == expected.shape and data.dtype == expected.dtype
+        got = data[:]
+        # Bit for bit, NaN payloads and -0.0 included.
+        assert got.tobytes() == expected.tobytes(), f"zarr v{fmt}"
+        if name.startswith("scaled"):
+            assert np.array_equal(group["codes"][:], load_npy(container, "codes.npy"))
+        mask = valid_mask(json.loads(cat(container, "header.json")), expected.shape[2:])
+        if mask is None:
+            assert "mask" not in group
+        else:
+            assert np.array_equal(group["mask"][:], mask)
+        # A slice decodes only what it touches and still agrees.
+        assert np.array_equal(data[1:, -2:, 3, :], expected[1:, -2:, 3, :], equal_nan=True)
+
+
+def test_xarray_sees_named_calibrated_dimensions(copy_fixture, copied):
+    container = copy_fixture("qem/u16-invalid-mask-33x40.qem")
+    summary = json.loads(cat(container, "info.json"))["summary"]
+    for fmt in (3, 2):
+        ds = xr.open_zarr(str(copied(container)), zarr_format=fmt)
+        assert ds["data"].dims == DIMS
+        for axis, dim in zip(summary["axes"], DIMS):
+            coord = ds[dim]
+            step = axis["sampling"]["value"]
+            assert coord.attrs["units"] == axis["sampling"]["unit"]
+            assert np.allclose(coord.values, np.arange(axis["size"]) * step)
+        assert ds["mask"].dims == DIMS[2:]
+        # Zeros are values, not missing data.
+        assert not np.isnan(ds["data"].values.astype(np.float64)).any()
+        assert np.array_equal(ds["data"].values, load_npy(container, "data.npy"))
+        qem = ds.attrs["qem"]
+        assert qem["codec"] == "runtime-column-rans-spatial-v2"
+        assert qem["electron_microscope"]["electron_source/accelerating_voltage"]["value"] == 300.0
+        assert qem["sha256"] == json.loads(cat(container, "header.json"))["sha256"]
+
+
+def test_uncalibrated_axes_are_in_pixels(copied, examples):
+    ds = xr.open_zarr(str(copied(examples / "empad-f32.qem")), zarr_format=3)
+    for dim in DIMS:
+        assert ds[dim].attrs["units"] == "pixel"
+        assert np.array_equal(ds[dim].values, np.arange(ds.sizes[dim]))
+
+
+def test_metadata_follows_the_zarr_specifications(copy_fixture, copied):
+    container = copy_fixture("qem/u16-invalid-mask-33x40.qem")
+    path = copied(container)
+    assert json.loads((path / ".zgroup").read_text()) == {"zarr_format": 2}
+    group = json.loads((path / "zarr.json").read_text())
+    assert group["zarr_format"] == 3 and group["node_type"] == "group"
+    consolidated_v2 = json.loads((path / ".zmetadata").read_text())
+    assert consolidated_v2["zarr_consolidated_format"] == 1
+    for name in ["data", "mask", *DIMS]:
+        zarray = json.loads((path / name / ".zarray").read_text())
+        # Zarr v2 spec: the required keys, with their allowed values.
+        assert set(zarray) >= {"zarr_format", "shape", "chunks", "dtype", "compressor",
+                               "fill_value", "order", "filters"}
+        assert zarray["zarr_format"] == 2 and zarray["order"] == "C"
+        assert zarray["compressor"] is None and zarray["filters"] is None
+        assert zarray["dimension_separator"] == "."
+        dtype = np.dtype(zarray["dtype"])
+        assert zarray["dtype"][0] in "<|", "little-endian or single-byte"
+        assert len(zarray["chunks"]) == len(zarray["shape"])
+        zattrs = json.loads((path / name / ".zattrs").read_text())
+        v3 = json.loads((path / name / "zarr.json").read_text())
+        assert zattrs["_ARRAY_DIMENSIONS"] == v3["dimension_names"]
+        assert v3["shape"] == zarray["shape"]
+        assert v3["chunk_grid"]["configuration"]["chunk_shape"] == zarray["chunks"]
+        assert v3["chunk_key_encoding"] == {"name": "v2", "configuration": {"separator": "."}}
+        assert np.dtype(v3["data_type"]) == dtype
+        # Consolidated metadata repeats each array's own documents exactly.
+        assert group["consolidated_metadata"]["metadata"][name] == v3
+        assert consolidated_v2["metadata"][f"{name}/.zarray"] == zarray
+        assert consolidated_v2["metadata"][f"{name}/.zattrs"] == zattrs
+        # Every chunk is there, full-size.
+        grid = [-(-s // c) for s, c in zip(zarray["shape"], zarray["chunks"])]
+        chunk_bytes = int(np.prod(zarray["chunks"])) * dtype.itemsize
+        chunks = sorted(p.name for p in (path / name).iterdir() if not p.name.startswith((".", "zarr")))
+        assert len(chunks) == int(np.prod(grid))
+        for key in chunks:
+            assert (path / name / key).stat().st_size == chunk_bytes, key
+
+
+def test_chunks_follow_blocks_and_edges_are_padded(tmp_path, copied):
+    # 40 columns: 12 rows (480 scans) a chunk, straddling 512-scan blocks;
+    # 30 rows: the last chunk has 6 rows of padding.
+    array = acquisition(30, 40, 6)
+    container = make_qem(tmp_path, array, "edges")
+    path = copied(container)
+    data = zarr.open_array(str(path / "data"), mode="r", zarr_format=3)
+    assert data.chunks == (12, 40, 6, 6)
+    assert np.array_equal(data[:], array)
+    last = np.frombuffer((path / "data" / "2.0.0.0").read_bytes(), np.uint16).reshape(12, 40, 6, 6)
+    assert np.array_equal(last[:6], array[24:])
+    assert not last[6:].any(), "padding is the fill value"
+
+    # 128 columns: one chunk is exactly one 512-scan block.
+    container = make_qem(tmp_path, acquisition(8, 128, 4), "aligned")
+    data = zarr.open_array(str(copied(container) / "data"), mode="r", zarr_format=3)
+    assert data.chunks == (4, 128, 4, 4)
+
+
+def test_zarr_through_the_mount(tmp_path, mount, copy_fixture):
+    src = tmp_path / "src"
+    for name in FIXTURES:
+        copy_fixture(f"qem/{name}.qem", src)
+    mnt = mount(src)
+    for name in FIXTURES:
+        container = mnt / f"{name}.qem"
+        expected = np.load(container / "data.npy")
+        group = zarr.open_group(str(container / "data.zarr"), mode="r", zarr_format=3)
+        assert group["data"][:].tobytes() == expected.tobytes(), name
+        ds = xr.open_zarr(str(container / "data.zarr"), zarr_format=3)
+        assert ds["data"].dims == DIMS
+
+
+def test_dask_cluster_computes_the_virtual_images(tmp_path, mount, copy_fixture):
+    """The shipped example on a LocalCluster of 2 worker processes reading
+    through the mount gives the mount's own sum, bf and mean_dp."""
+    make_qem(tmp_path, acquisition(24, 64, 32), "scan")
+    copy_fixture("qem/u16-invalid-mask-33x40.qem", tmp_path / "src")
+    mnt = mount(tmp_path / "src")
+    for name in ["scan", "u16-invalid-mask-33x40"]:
+        out = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "dask_virtual_images.py"),
+             str(mnt / f"{name}.qem"), "--workers", "2", "--check", "--out", str(tmp_path / name)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        for product in ["sum", "bf", "mean_dp"]:
+            assert f"{product}: equal to virtual/{product}.npy" in out.stdout
+        # And against numpy on the dense array, independently of the mount's products.
+        dense = np.load(mnt / f"{name}.qem" / "data.npy").astype(np.float64)
+        header = json.loads((mnt / f"{name}.qem" / "header.json").read_text())
+        valid = valid_mask(header, dense.shape[2:])
+        valid = np.ones(dense.shape[2:], bool) if valid is None else valid
+        total = np.load(tmp_path / name / "sum.npy")
+        assert np.array_equal(total, (dense * valid).sum(axis=(2, 3)))
