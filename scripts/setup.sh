@@ -22,12 +22,14 @@ fi
 # The GPU tests (gpu/) run their WGSL shaders on Mesa's software Vulkan
 # (lavapipe) where there is no GPU: the Vulkan loader and Mesa's drivers.
 # (grep reads all of ldconfig's output: with -q, ldconfig could die of
-# SIGPIPE and pipefail would report the library missing.)
+# SIGPIPE and pipefail would report the library missing.) The core library
+# reads DECTRIS HDF5 through Debian's libhdf5 (hdf5-metno builds against it).
 if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1 ' >/dev/null \
-  || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1; then
+  || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 \
+  || ! pkg-config --exists hdf5 2>/dev/null; then
   sudo=""
   if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
   $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    mesa-vulkan-drivers libvulkan1 >/dev/null
+    mesa-vulkan-drivers libvulkan1 libhdf5-dev >/dev/null
 fi

@@ -45,7 +45,7 @@ pub enum Command {
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
     Diff(DiffArgs),
-    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, raw) to .qem, and .qem to .npy or .tiff
+    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, Zarr, raw) to .qem, and .qem to .npy, .tiff or .zarr
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
     Ls(LsArgs),
@@ -130,8 +130,9 @@ fn parse_shape(text: &str) -> Result<[u32; 4], String> {
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// .npy, .qem, TIFF stack, EMPAD .xml (+ .raw), Merlin .mib (+ .hdr), a Zarr store
-    /// (folder) or raw binary (with --shape and --dtype); recognised by content
+    /// .npy, .qem, TIFF stack, EMPAD .xml (+ .raw), Merlin .mib (+ .hdr), DECTRIS
+    /// HDF5 master file, FILE.h5:/dataset, a Zarr store (folder) or raw binary
+    /// (with --shape and --dtype); recognised by content
     pub input: PathBuf,
     /// .qem, .npy, .tiff or .zarr (a Zarr v3 store)
     pub output: PathBuf,

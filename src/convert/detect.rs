@@ -17,6 +17,8 @@ pub enum SourceFormat {
     Mib,
     /// A TIFF stack (classic or BigTIFF, either byte order).
     Tiff,
+    /// HDF5 (a DECTRIS master file).
+    Hdf5,
     /// A Zarr store (a folder).
     Zarr,
     /// Anything unrecognised: raw binary, described by `--shape`/`--dtype`.
@@ -53,6 +55,9 @@ fn recognise(head: &[u8]) -> SourceFormat {
         .any(|m| head.starts_with(m))
     {
         return SourceFormat::Tiff;
+    }
+    if head.starts_with(super::dectris::MAGIC) {
+        return SourceFormat::Hdf5;
     }
     if super::mib::looks_like(head) {
         return SourceFormat::Mib;

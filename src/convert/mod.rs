@@ -8,12 +8,15 @@
 //! the acquisition: sources read their windows with positioned reads, not
 //! by mapping the whole input.
 
+mod bitshuffle;
+mod dectris;
 mod dense;
 mod describe;
 mod detect;
 mod element;
 mod empad;
 mod error;
+mod hdf5;
 pub mod metadata;
 mod mib;
 mod npy;
@@ -295,6 +298,12 @@ pub fn open_source(
     options: &Options,
     monitor: &mut dyn Monitor,
 ) -> Result<Box<dyn Source>, ConvertError> {
+    if let Some((file, dataset)) = hdf5::split_dataset_path(path) {
+        let mut source: Box<dyn Source> =
+            Box::new(hdf5::Hdf5Source::open(&file, &dataset, options)?);
+        metadata::apply(&file, &mut *source, &options.metadata, monitor)?;
+        return Ok(source);
+    }
     let format = detect(path)?;
     let mut source: Box<dyn Source> = match format {
         SourceFormat::Npy => Box::new(npy::NpySource::open(path, options)?),
@@ -303,6 +312,7 @@ pub fn open_source(
         SourceFormat::Empad => Box::new(empad::EmpadSource::open(path, options, monitor)?),
         SourceFormat::Mib => Box::new(mib::MibSource::open(path, options)?),
         SourceFormat::Tiff => Box::new(tiff::TiffSource::open(path, options)?),
+        SourceFormat::Hdf5 => Box::new(dectris::DectrisSource::open(path, options)?),
         SourceFormat::Zarr => Box::new(zarr::ZarrIn::open(path)?),
     };
     metadata::apply(path, &mut *source, &options.metadata, monitor)?;

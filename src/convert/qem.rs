@@ -9,7 +9,12 @@ use serde_json::{Map, Value};
 
 use super::element::Element;
 use super::{ConvertError, Description, Options, Sink, Source};
-use crate::qem::write::{Content, CountDtype, ScaledRegion, WriteSpec, Writer, RESERVED};
+use crate::qem::write::{
+    Content, CountDtype, ScaledRegion, WriteSpec, Writer, DEFAULT_CHUNK_SCANS, RESERVED,
+};
+
+/// Most frame bytes one chunk of a written `.qem` buffers (see [`QemSink::create`]).
+pub const CHUNK_BYTES: u64 = 256 << 20;
 use crate::qem::{Codec, Dtype, QemFile};
 
 pub struct QemSource {
@@ -231,8 +236,21 @@ impl QemSink {
         let mut spec = WriteSpec::counts(d.shape, CountDtype::U8, d.scientific_metadata.clone());
         spec.content = d.content.clone();
         spec.extra = d.extra.clone();
-        if let Some(n) = options.chunk_scans {
-            spec = spec.with_chunk_scans(n);
+        match options.chunk_scans {
+            Some(n) => spec = spec.with_chunk_scans(n),
+            // The writer buffers a whole chunk: for large detectors the
+            // default 512 scans would cost gigabytes, so the chunk is
+            // shortened until it holds at most CHUNK_BYTES of frames.
+            None if !matches!(d.content, Content::Float32 { .. }) => {
+                let mut scans = DEFAULT_CHUNK_SCANS;
+                while scans > 1 && scans * d.frame_bytes() as u64 > CHUNK_BYTES {
+                    scans /= 2;
+                }
+                if scans < DEFAULT_CHUNK_SCANS {
+                    spec = spec.with_chunk_scans(scans);
+                }
+            }
+            None => {}
         }
         let writer = if options.force {
             Writer::create_replacing(path, spec)

@@ -20,7 +20,7 @@ impl RawSource {
         let Some(layout) = options.raw else {
             return Err(ConvertError::input(
                 path,
-                "not a recognised format (.npy, .qem, TIFF, EMPAD .xml, Merlin .mib); raw input needs --shape and --dtype",
+                "not a recognised format (.npy, .qem, TIFF, EMPAD .xml, Merlin .mib, HDF5); raw input needs --shape and --dtype",
             ));
         };
         let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;

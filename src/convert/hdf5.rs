@@ -1,0 +1,269 @@
+//! A 4-D dataset (or a 3-D one with `--scan`) of any HDF5 file, named by
+//! path: `qem convert FILE.h5:/path/to/dataset OUT.qem` (py4DSTEM's and
+//! generic 4D-STEM data). Frames are read scan row by scan row through the
+//! HDF5 library (its own filters: gzip, shuffle, none) and stored by the
+//! exact-narrowing rule. When the dataset sits in an EMD 1.0 data group
+//! (`emd_group_type = 1`), the group's `dim1`…`dim4` coordinate vectors give
+//! the calibration: their spacing, with the `units` attribute (scan axes in
+//! m, nm, Å; detector axes in mrad or 1/nm, 1/Å).
+
+use std::path::{Path, PathBuf};
+
+use hdf5_metno as h5;
+use hdf5_metno::types::{TypeDescriptor as T, VarLenAscii, VarLenUnicode};
+use serde_json::{json, Map};
+
+use super::dense::not_representable;
+use super::describe::{foreign, shape4};
+use super::element::{Narrowing, SourceDtype};
+use super::{ConvertError, Description, Options, Source};
+use crate::npy::DType;
+use crate::qem::write::{Calibration, DetectorUnit};
+
+/// Splits `FILE:/dataset` when `FILE` exists and the whole does not.
+pub fn split_dataset_path(input: &Path) -> Option<(PathBuf, String)> {
+    if input.exists() {
+        return None;
+    }
+    let text = input.to_str()?;
+    let (file, dataset) = text.rsplit_once(":/")?;
+    let file = PathBuf::from(file);
+    file.is_file().then(|| (file, format!("/{dataset}")))
+}
+
+fn dtype_of(d: &T) -> Option<DType> {
+    use h5::types::{FloatSize, IntSize};
+    Some(match d {
+        T::Unsigned(IntSize::U1) => DType::U8,
+        T::Unsigned(IntSize::U2) => DType::U16,
+        T::Unsigned(IntSize::U4) => DType::U32,
+        T::Unsigned(IntSize::U8) => DType::U64,
+        T::Integer(IntSize::U1) => DType::I8,
+        T::Integer(IntSize::U2) => DType::I16,
+        T::Integer(IntSize::U4) => DType::I32,
+        T::Integer(IntSize::U8) => DType::I64,
+        T::Float(FloatSize::U4) => DType::F32,
+        T::Float(FloatSize::U8) => DType::F64,
+        _ => return None,
+    })
+}
+
+fn string_attr(loc: &h5::Location, name: &str) -> Option<String> {
+    let a = loc.attr(name).ok()?;
+    if let Ok(s) = a.read_scalar::<VarLenUnicode>() {
+        return Some(s.as_str().to_string());
+    }
+    if let Ok(s) = a.read_scalar::<VarLenAscii>() {
+        return Some(s.as_str().to_string());
+    }
+    let bytes = a.read_raw::<u8>().ok()?;
+    Some(
+        String::from_utf8_lossy(&bytes)
+            .trim_end_matches('\0')
+            .to_string(),
+    )
+}
+
+/// Spacing and unit of an EMD dimension vector.
+fn emd_dim(group: &h5::Group, i: usize) -> Option<(f64, String, String)> {
+    let ds = group.dataset(&format!("dim{i}")).ok()?;
+    let v: Vec<f64> = ds.read_raw().ok()?;
+    let step = (v.len() >= 2).then(|| v[1] - v[0])?;
+    let units = string_attr(&ds, "units").unwrap_or_default();
+    let name = string_attr(&ds, "name").unwrap_or_default();
+    Some((step, units, name))
+}
+
+fn angstrom(step: f64, unit: &str) -> Option<f64> {
+    let f = match unit.trim() {
+        "m" => 1e10,
+        "nm" => 10.0,
+        "A" | "Å" | "angstrom" => 1.0,
+        "pm" => 0.01,
+        _ => return None,
+    };
+    Some(step * f)
+}
+
+fn reciprocal(step: f64, unit: &str) -> Option<(f64, DetectorUnit)> {
+    Some(match unit.trim() {
+        "mrad" => (step, DetectorUnit::Mrad),
+        "rad" => (step * 1e3, DetectorUnit::Mrad),
+        "1/nm" | "nm^-1" => (step / 10.0, DetectorUnit::InverseAngstrom),
+        "1/A" | "1/Å" | "A^-1" => (step, DetectorUnit::InverseAngstrom),
+        _ => return None,
+    })
+}
+
+pub struct Hdf5Source {
+    description: Description,
+    path: PathBuf,
+    name: String,
+    dataset: h5::Dataset,
+    narrowing: Narrowing,
+    /// The dataset's own dimensions (3-D or 4-D).
+    dims: Vec<u64>,
+    bytes: Vec<u8>,
+}
+
+impl Hdf5Source {
+    pub fn open(path: &Path, name: &str, options: &Options) -> Result<Hdf5Source, ConvertError> {
+        let err = |what: &str, e: h5::Error| ConvertError::input(path, format!("{what}: {e}"));
+        let file = h5::File::open(path).map_err(|e| err("not a readable HDF5 file", e))?;
+        let dataset = file.dataset(name).map_err(|e| err(name, e))?;
+        let dims: Vec<u64> = dataset.shape().iter().map(|&d| d as u64).collect();
+        let shape = shape4(path, &dims, options.scan)?;
+        let descriptor = dataset
+            .dtype()
+            .and_then(|t| t.to_descriptor())
+            .map_err(|e| err(name, e))?;
+        let dtype = dtype_of(&descriptor).ok_or_else(|| {
+            ConvertError::input(
+                path,
+                format!("{name} holds {descriptor:?}, not integers or floats"),
+            )
+        })?;
+        let narrowing = Narrowing::plan(SourceDtype::little(dtype), options.allow_float_rounding);
+        let mut calibration = Calibration {
+            processing: narrowing.record.iter().cloned().collect(),
+            provenance: "source file".into(),
+            ..Calibration::default()
+        };
+        let mut source_metadata = Map::new();
+        source_metadata.insert("hdf5_dataset".into(), name.into());
+        let parent = name
+            .rsplit_once('/')
+            .map(|(p, _)| p)
+            .filter(|p| !p.is_empty())
+            .unwrap_or("/");
+        let mut format = "hdf5";
+        if let Ok(group) = file.group(parent) {
+            let emd = group
+                .attr("emd_group_type")
+                .and_then(|a| a.read_scalar::<i64>())
+                .is_ok_and(|t| t == 1);
+            if emd && dims.len() == 4 {
+                format = "emd";
+                let d: Vec<_> = (1..=4).map(|i| emd_dim(&group, i)).collect();
+                for (i, dim) in d.iter().enumerate() {
+                    if let Some((step, units, dname)) = dim {
+                        source_metadata.insert(
+                            format!("dim{}", i + 1),
+                            json!({"name": dname, "units": units, "step": step}),
+                        );
+                    }
+                }
+                if let (Some((r, ru, _)), Some((c, cu, _))) = (&d[0], &d[1]) {
+                    if let (Some(r), Some(c)) = (angstrom(*r, ru), angstrom(*c, cu)) {
+                        calibration.scan_sampling_angstrom = Some([r, c]);
+                    }
+                }
+                if let (Some((r, ru, _)), Some((c, cu, _))) = (&d[2], &d[3]) {
+                    if let (Some((r, a)), Some((c, b))) = (reciprocal(*r, ru), reciprocal(*c, cu)) {
+                        if a == b {
+                            calibration.detector_sampling = Some(([r, c], a));
+                        }
+                    }
+                }
+            }
+        }
+        calibration.source_metadata = source_metadata;
+        let description = foreign(path, shape, narrowing.stored, &calibration, format, &[])?;
+        Ok(Hdf5Source {
+            description,
+            path: path.to_path_buf(),
+            name: name.to_string(),
+            dataset,
+            narrowing,
+            dims,
+            bytes: Vec::new(),
+        })
+    }
+
+    /// Reads frames `first..first + n` (within one scan row of a 4-D
+    /// dataset) as little-endian source elements into `self.bytes`.
+    fn read_run(&mut self, first: u64, n: u64) -> Result<(), ConvertError> {
+        use ndarray::s;
+        let fail = |e: h5::Error| {
+            ConvertError::input(
+                &self.path,
+                format!("{} frames {first}..{}: {e}", self.name, first + n),
+            )
+        };
+        self.bytes.clear();
+        macro_rules! read {
+            ($t:ty) => {{
+                let v: ndarray::ArrayD<$t> = if self.dims.len() == 4 {
+                    let (r, c) = (
+                        (first / self.dims[1]) as usize,
+                        (first % self.dims[1]) as usize,
+                    );
+                    self.dataset
+                        .read_slice(s![r, c..c + n as usize, .., ..])
+                        .map_err(fail)?
+                } else {
+                    self.dataset
+                        .read_slice(s![first as usize..(first + n) as usize, .., ..])
+                        .map_err(fail)?
+                };
+                self.bytes.extend(v.iter().flat_map(|x| x.to_le_bytes()));
+            }};
+        }
+        match self.narrowing.source.dtype {
+            DType::U8 | DType::Bool => read!(u8),
+            DType::U16 => read!(u16),
+            DType::U32 => read!(u32),
+            DType::U64 => read!(u64),
+            DType::I8 => read!(i8),
+            DType::I16 => read!(i16),
+            DType::I32 => read!(i32),
+            DType::I64 => read!(i64),
+            DType::F32 => read!(f32),
+            DType::F64 => read!(f64),
+        }
+        Ok(())
+    }
+}
+
+impl Source for Hdf5Source {
+    fn description(&self) -> &Description {
+        &self.description
+    }
+
+    fn description_mut(&mut self) -> &mut Description {
+        &mut self.description
+    }
+
+    fn read_frames(&mut self, first: u64, out: &mut [u8]) -> Result<(), ConvertError> {
+        let stored = self.description.frame_bytes();
+        let total = (out.len() / stored) as u64;
+        let pixels = self.description.pixels();
+        let row = if self.dims.len() == 4 {
+            self.dims[1]
+        } else {
+            total.max(1)
+        };
+        let (mut frame, mut at) = (first, 0usize);
+        while frame < first + total {
+            // A 4-D dataset is read in runs that stay inside one scan row.
+            let n = (row - frame % row).min(first + total - frame);
+            self.read_run(frame, n)?;
+            let len = n as usize * stored;
+            let shape = self.description.shape;
+            self.narrowing
+                .apply(&self.bytes, &mut out[at..at + len])
+                .map_err(|(i, v)| {
+                    not_representable(
+                        &self.path,
+                        &self.narrowing,
+                        &shape,
+                        frame * pixels + i as u64,
+                        &v,
+                    )
+                })?;
+            at += len;
+            frame += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,61 @@
+"""Any HDF5 dataset by path (`FILE.h5:/path`), and EMD 1.0 with its
+calibration, written by h5py and compared with h5py's reading."""
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import run
+
+R, C, H, W = 3, 5, 6, 7
+
+
+def convert(tmp_path, src, *flags):
+    out = tmp_path / "out.qem"
+    run("qem", "convert", src, out, *flags)
+    run("qem", "validate", out)
+    run("qem", "convert", out, tmp_path / "out.npy")
+    return np.load(tmp_path / "out.npy"), json.loads(run("qem", "show", "--json", out).stdout)["header"]
+
+
+def test_an_emd_dataset_converts_with_its_calibration(tmp_path):
+    a = np.random.default_rng(1).integers(0, 5000, size=(R, C, H, W)).astype(np.int32)
+    path = tmp_path / "scan.emd"
+    with h5py.File(path, "w") as f:
+        f.attrs["version_major"] = 1
+        f.attrs["version_minor"] = 0
+        g = f.create_group("experimental/science_data")
+        g.attrs["emd_group_type"] = 1
+        g.create_dataset("data", data=a, chunks=(1, 2, H, W), compression="gzip")
+        for i, (n, step, units) in enumerate(
+            [(R, 0.5, "nm"), (C, 0.25, "nm"), (H, 0.8, "mrad"), (W, 0.8, "mrad")], start=1
+        ):
+            d = g.create_dataset(f"dim{i}", data=np.arange(n) * step)
+            d.attrs["name"] = ["R_y", "R_x", "Q_y", "Q_x"][i - 1]
+            d.attrs["units"] = units
+    with h5py.File(path) as f:
+        theirs = f["experimental/science_data/data"][()]
+    ours, header = convert(tmp_path, f"{path}:/experimental/science_data/data")
+    np.testing.assert_array_equal(ours, theirs)
+    sm = header["scientific_metadata"]
+    assert sm["source_format"] == "emd"
+    assert [x["sampling"]["value"] for x in sm["axes"]] == pytest.approx([5.0, 2.5, 0.8, 0.8])
+    assert [x["sampling"]["unit"] for x in sm["axes"]] == ["angstrom", "angstrom", "mrad", "mrad"]
+    assert sm["processing"][0]["operation"] == "exact_integer_narrowing"
+
+
+def test_a_3d_float_dataset_needs_a_scan_and_missing_paths_are_named(tmp_path):
+    a = np.random.default_rng(2).normal(size=(R * C, H, W)).astype(np.float32)
+    path = tmp_path / "stack.h5"
+    with h5py.File(path, "w") as f:
+        f["entry/frames"] = a
+    out = run("qem", "convert", f"{path}:/entry/frames", tmp_path / "x.qem", check=False)
+    assert out.returncode == 2 and b"--scan" in out.stderr
+    ours, header = convert(tmp_path, f"{path}:/entry/frames", "--scan", f"{R},{C}")
+    np.testing.assert_array_equal(ours, a.reshape(R, C, H, W))
+    assert header["scientific_metadata"]["source_format"] == "hdf5"
+    out = run("qem", "convert", f"{path}:/entry/nothing", tmp_path / "y.qem", check=False)
+    assert out.returncode == 2 and out.stderr.decode().startswith(f"error: {path}: /entry/nothing")
+    assert not (tmp_path / "x.qem").exists() and not (tmp_path / "y.qem").exists()
