@@ -5,6 +5,7 @@
 //! nothing here knows about FUSE, GPUs or command lines.
 
 pub mod cache;
+pub mod convert;
 pub mod export;
 pub mod mapguard;
 pub mod npy;
@@ -13,3 +14,4 @@ pub mod qem;
 pub mod reduce;
 pub mod semq;
 pub mod tree;
+pub mod zarr;

@@ -83,6 +83,15 @@ impl DType {
     /// ones only little-endian (`<`, or `=` which numpy writes on LE hosts
     /// only when asked, and which we take as native = little-endian).
     pub fn from_descr(descr: &str) -> Result<DType, NpyError> {
+        match DType::from_descr_any_order(descr)? {
+            (_, true) => Err(NpyError::BigEndian(descr.to_string())),
+            (dtype, false) => Ok(dtype),
+        }
+    }
+
+    /// Parses a `descr` of either byte order: the type and whether it is
+    /// big-endian (never for byte-sized types).
+    pub fn from_descr_any_order(descr: &str) -> Result<(DType, bool), NpyError> {
         // The order mark is one ASCII byte; a descr starting with any other
         // character (format 3.0 headers are UTF-8) has none, and is refused
         // below as unsupported.
@@ -102,10 +111,9 @@ impl DType {
             _ => return Err(NpyError::UnsupportedDType(descr.to_string())),
         };
         match order {
-            "<" | "=" => Ok(dtype),
-            "|" if dtype.size() == 1 => Ok(dtype),
-            ">" if dtype.size() == 1 => Ok(dtype),
-            ">" => Err(NpyError::BigEndian(descr.to_string())),
+            "<" | "=" => Ok((dtype, false)),
+            "|" | ">" if dtype.size() == 1 => Ok((dtype, false)),
+            ">" => Ok((dtype, true)),
             _ => Err(NpyError::UnsupportedDType(descr.to_string())),
         }
     }
@@ -187,10 +195,47 @@ impl Header {
     }
 }
 
+/// A header of any byte order and memory order, as conversion inputs may be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnyHeader {
+    pub dtype: DType,
+    /// Multi-byte elements are big-endian.
+    pub big_endian: bool,
+    /// The array is stored in Fortran (column-major) order.
+    pub fortran_order: bool,
+    pub shape: Vec<usize>,
+    /// Offset of the first data byte from the start of the file.
+    pub data_offset: usize,
+}
+
+impl AnyHeader {
+    /// The same layout checks as [`Header`], ignoring the orders.
+    pub fn header(&self) -> Header {
+        Header {
+            dtype: self.dtype,
+            shape: self.shape.clone(),
+            data_offset: self.data_offset,
+        }
+    }
+}
+
 /// Parses the header at the start of `bytes` (which may be just a prefix of
-/// the file; [`NpyError::Truncated`] asks for more). Fortran-ordered arrays
-/// are refused: every consumer here needs C order.
+/// the file; [`NpyError::Truncated`] asks for more). Fortran-ordered and
+/// big-endian arrays are refused: every consumer here but conversion needs
+/// little-endian C order (conversion uses [`parse_header_any`]).
 pub fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
+    let any = parse_header_any(bytes)?;
+    if any.big_endian {
+        return Err(NpyError::BigEndian(format!(">{}", &any.dtype.descr()[1..])));
+    }
+    if any.fortran_order {
+        return Err(NpyError::FortranOrder);
+    }
+    Ok(any.header())
+}
+
+/// Parses a header of either byte order and either memory order.
+pub fn parse_header_any(bytes: &[u8]) -> Result<AnyHeader, NpyError> {
     if bytes.len() < MAGIC.len() {
         return Err(if MAGIC.starts_with(bytes) {
             NpyError::Truncated
@@ -233,15 +278,15 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
         std::str::from_utf8(text).map_err(|_| NpyError::Malformed("header is not ASCII".into()))?
     };
     let dict = parse_dict(text)?;
-    if dict.fortran_order {
-        return Err(NpyError::FortranOrder);
-    }
-    let header = Header {
-        dtype: DType::from_descr(&dict.descr)?,
+    let (dtype, big_endian) = DType::from_descr_any_order(&dict.descr)?;
+    let header = AnyHeader {
+        dtype,
+        big_endian,
+        fortran_order: dict.fortran_order,
         shape: dict.shape,
         data_offset: start + header_len,
     };
-    if header.data_len().is_none() {
+    if header.header().data_len().is_none() {
         return Err(NpyError::ShapeOverflow(header.shape));
     }
     Ok(header)

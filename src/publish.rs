@@ -194,6 +194,157 @@ pub fn write_file(
     out.publish()
 }
 
+/// A directory (a Zarr store) being written under a temporary name
+/// `.NAME.tmp-PID-N`; [`AtomicDir::publish`] fsyncs everything in it and
+/// puts it under the final name in one rename that never replaces an
+/// existing entry (or, when asked to overwrite, swaps it for the old one,
+/// which is then removed). Dropped unpublished, it removes itself.
+pub struct AtomicDir {
+    target: PathBuf,
+    temp: PathBuf,
+    overwrite: Overwrite,
+    faults: u64,
+}
+
+impl AtomicDir {
+    /// Starts writing `target`; fails at once when it exists and may not
+    /// be replaced.
+    pub fn create(target: impl AsRef<Path>, overwrite: Overwrite) -> Result<Self, PublishError> {
+        let faults = crate::mapguard::faults();
+        let target = target.as_ref().to_path_buf();
+        let name = target
+            .file_name()
+            .ok_or_else(|| {
+                PublishError::io(
+                    &target,
+                    io::Error::new(io::ErrorKind::InvalidInput, "not a file name"),
+                )
+            })?
+            .to_string_lossy()
+            .into_owned();
+        let dir = parent_dir(&target);
+        remove_stale_temporaries(dir, &name);
+        if overwrite == Overwrite::Never && fs::symlink_metadata(&target).is_ok() {
+            return Err(PublishError::Exists(target));
+        }
+        let temp = loop {
+            let temp = dir.join(format!(
+                ".{name}.tmp-{}-{}",
+                std::process::id(),
+                COUNTER.fetch_add(1, Ordering::Relaxed)
+            ));
+            match fs::create_dir(&temp) {
+                Ok(()) => break temp,
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(PublishError::io(&temp, e)),
+            }
+        };
+        Ok(AtomicDir {
+            target,
+            temp,
+            overwrite,
+            faults,
+        })
+    }
+
+    /// The temporary directory to write into.
+    pub fn temp(&self) -> &Path {
+        &self.temp
+    }
+
+    /// Makes the contents durable, then publishes them under the final name.
+    pub fn publish(mut self) -> Result<(), PublishError> {
+        if crate::mapguard::strict() && crate::mapguard::faults() != self.faults {
+            return Err(PublishError::SourceChanged(self.target.clone()));
+        }
+        sync_tree(&self.temp)?;
+        let exists = fs::symlink_metadata(&self.target).is_ok();
+        if exists && self.overwrite == Overwrite::Replace {
+            rename2(&self.temp, &self.target, libc::RENAME_EXCHANGE)?;
+            // `temp` now names the old entry; Drop would do the same.
+            let old = std::mem::take(&mut self.temp);
+            let removed = if old.is_dir() {
+                fs::remove_dir_all(&old)
+            } else {
+                fs::remove_file(&old)
+            };
+            removed.map_err(|e| PublishError::io(&old, e))?;
+        } else {
+            rename2(&self.temp, &self.target, libc::RENAME_NOREPLACE).map_err(|e| match e {
+                PublishError::Io { source, .. }
+                    if source.kind() == io::ErrorKind::AlreadyExists =>
+                {
+                    PublishError::Exists(self.target.clone())
+                }
+                other => other,
+            })?;
+            self.temp = PathBuf::new();
+        }
+        if let Ok(dir) = File::open(parent_dir(&self.target)) {
+            let _ = dir.sync_all();
+        }
+        Ok(())
+    }
+}
+
+impl Drop for AtomicDir {
+    fn drop(&mut self) {
+        if !self.temp.as_os_str().is_empty() {
+            let _ = fs::remove_dir_all(&self.temp);
+        }
+    }
+}
+
+/// fsyncs every file and directory below `dir`, and `dir` itself.
+fn sync_tree(dir: &Path) -> Result<(), PublishError> {
+    for entry in fs::read_dir(dir).map_err(|e| PublishError::io(dir, e))? {
+        let entry = entry.map_err(|e| PublishError::io(dir, e))?;
+        let path = entry.path();
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            sync_tree(&path)?;
+        } else {
+            File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| PublishError::io(&path, e))?;
+        }
+    }
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}
+
+/// `renameat2(2)`: a rename that refuses to replace (`RENAME_NOREPLACE`)
+/// or swaps two names (`RENAME_EXCHANGE`), atomically.
+fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> Result<(), PublishError> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+            PublishError::io(
+                p,
+                io::Error::new(io::ErrorKind::InvalidInput, "NUL byte in path"),
+            )
+        })
+    };
+    let (a, b) = (c(from)?, c(to)?);
+    // SAFETY: both paths are NUL-terminated strings that outlive the call.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            a.as_ptr(),
+            libc::AT_FDCWD,
+            b.as_ptr(),
+            flags,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(PublishError::io(to, io::Error::last_os_error()))
+    }
+}
+
 fn parent_dir(path: &Path) -> &Path {
     match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -218,7 +369,12 @@ pub(crate) fn remove_stale_temporaries(dir: &Path, name: &str) {
             continue;
         };
         if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = fs::remove_file(entry.path());
+            // Directories are the stores of an AtomicDir.
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                let _ = fs::remove_dir_all(entry.path());
+            } else {
+                let _ = fs::remove_file(entry.path());
+            }
         }
     }
 }
@@ -315,6 +471,44 @@ mod tests {
             Err(PublishError::Exists(_))
         ));
         assert_eq!(names(dir.path()), vec!["w"]);
+    }
+
+    #[test]
+    fn directories_publish_whole_and_never_replace() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("s.zarr");
+        let d = AtomicDir::create(&target, Overwrite::Never).unwrap();
+        fs::create_dir(d.temp().join("a")).unwrap();
+        fs::write(d.temp().join("a/0"), b"chunk").unwrap();
+        assert!(
+            !target.exists(),
+            "nothing under the final name before publish"
+        );
+        d.publish().unwrap();
+        assert_eq!(fs::read(target.join("a/0")).unwrap(), b"chunk");
+        assert_eq!(names(dir.path()), vec!["s.zarr"]);
+        // An existing store is kept, even one that appears while writing.
+        assert!(matches!(
+            AtomicDir::create(&target, Overwrite::Never),
+            Err(PublishError::Exists(_))
+        ));
+        let late = dir.path().join("late.zarr");
+        let d = AtomicDir::create(&late, Overwrite::Never).unwrap();
+        fs::create_dir(&late).unwrap();
+        assert!(matches!(d.publish(), Err(PublishError::Exists(_))));
+        assert_eq!(names(dir.path()), vec!["late.zarr", "s.zarr"]);
+        // Replacing swaps the whole store for the new one.
+        let d = AtomicDir::create(&target, Overwrite::Replace).unwrap();
+        fs::write(d.temp().join("new"), b"x").unwrap();
+        d.publish().unwrap();
+        assert_eq!(names(&target), vec!["new"]);
+        assert_eq!(names(dir.path()), vec!["late.zarr", "s.zarr"]);
+        // Abandoned: nothing left.
+        {
+            let d = AtomicDir::create(dir.path().join("gone.zarr"), Overwrite::Never).unwrap();
+            fs::write(d.temp().join("partial"), b"x").unwrap();
+        }
+        assert_eq!(names(dir.path()), vec!["late.zarr", "s.zarr"]);
     }
 
     #[test]

@@ -15,6 +15,8 @@ Examples:
   qem convert scan.npy scan.qem --metadata calib.json
   qem convert scan.qem scan.npy
   qem convert scan.qem frames.tiff
+  qem convert scan.qem scan.zarr
+  qem convert scan.zarr scan.qem
   qem ls scan.qem virtual
   qem cat scan.qem virtual/sum.npy > sum.npy
 
@@ -43,7 +45,7 @@ pub enum Command {
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
     Diff(DiffArgs),
-    /// Convert between .npy, raw binary, .qem and .tiff
+    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, raw) to .qem, and .qem to .npy or .tiff
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
     Ls(LsArgs),
@@ -97,7 +99,23 @@ pub struct DiffArgs {
 pub enum RawDtype {
     Uint8,
     Uint16,
+    Uint32,
+    Int16,
+    Int32,
     Float32,
+    Float64,
+}
+
+fn parse_scan(text: &str) -> Result<[u64; 2], String> {
+    let dims: Vec<u64> = text
+        .split(',')
+        .map(|d| d.trim().parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("{text:?}: expected ROWS,COLS"))?;
+    match dims[..] {
+        [r, c] if r > 0 && c > 0 => Ok([r, c]),
+        _ => Err(format!("{text:?}: expected two positive numbers ROWS,COLS")),
+    }
 }
 
 fn parse_shape(text: &str) -> Result<[u32; 4], String> {
@@ -112,9 +130,10 @@ fn parse_shape(text: &str) -> Result<[u32; 4], String> {
 
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
-    /// .npy, raw binary (with --shape and --dtype) or .qem
+    /// .npy, .qem, TIFF stack, EMPAD .xml (+ .raw), Merlin .mib (+ .hdr), a Zarr store
+    /// (folder) or raw binary (with --shape and --dtype); recognised by content
     pub input: PathBuf,
-    /// .qem, .npy or .tiff
+    /// .qem, .npy, .tiff or .zarr (a Zarr v3 store)
     pub output: PathBuf,
     /// JSON merged into the scientific metadata (calibration, voltage, ...)
     #[arg(long, value_name = "JSON")]
@@ -125,9 +144,32 @@ pub struct ConvertArgs {
     /// Raw input: element type (little-endian)
     #[arg(long, value_enum)]
     pub dtype: Option<RawDtype>,
+    /// Scan shape of inputs that lack one (3-D arrays, stacks)
+    #[arg(long, value_parser = parse_scan, value_name = "ROWS,COLS")]
+    pub scan: Option<[u64; 2]>,
+    /// Store float64 values that do not fit float32 exactly as the nearest
+    /// float32 (recorded in processing) instead of refusing them
+    #[arg(long)]
+    pub allow_float_rounding: bool,
+    /// Refuse --metadata keys outside the scientific metadata schema
+    /// (by default they are kept, with a warning naming each)
+    #[arg(long)]
+    pub strict_metadata: bool,
+    /// Accelerating voltage in kV
+    #[arg(long, value_name = "KV")]
+    pub voltage_kv: Option<f64>,
+    /// Scan step with its unit (A, nm, pm, um), one value or ROW,COL: 0.5nm, 1.2,1.3A
+    #[arg(long, value_parser = qemfs::convert::metadata::parse_scan_step, value_name = "STEP")]
+    pub scan_step: Option<[f64; 2]>,
+    /// Detector pixel size with its unit (mrad, urad, 1/A, 1/nm): 0.8mrad, 0.01,0.01 1/A
+    #[arg(long, value_parser = qemfs::convert::metadata::parse_detector_sampling, value_name = "SAMPLING")]
+    pub detector_sampling: Option<([f64; 2], qemfs::qem::write::DetectorUnit)>,
     /// Scans per chunk of the written .qem
     #[arg(long)]
     pub chunk_scans: Option<u32>,
+    /// Compression of a written .zarr store's chunks
+    #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
+    pub zarr_compression: ZarrCompression,
     /// .npy and .tiff outputs: write the pixels the validity mask marks
     /// invalid as zero (counts files; data.npy and plain exports keep them)
     #[arg(long)]
@@ -135,6 +177,19 @@ pub struct ConvertArgs {
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+/// Chunk compression of `qem convert X.qem X.zarr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ZarrCompression {
+    /// blosc: byte shuffle, then zstd level 3
+    BloscZstd,
+    /// blosc: byte shuffle, then LZ4 (fastest to read)
+    BloscLz4,
+    /// zstd level 3
+    Zstd,
+    /// uncompressed
+    None,
 }
 
 #[derive(Debug, Args)]

@@ -19,6 +19,14 @@ impl InvalidPixels {
         }
     }
 
+    /// From one flag per pixel, `true` where valid.
+    pub fn from_flags(valid: &[bool]) -> Self {
+        InvalidPixels {
+            pixels: valid.len(),
+            invalid: (0..valid.len()).filter(|&p| !valid[p]).collect(),
+        }
+    }
+
     /// Zeroes the invalid pixels of each frame in `frames`: whole frames in
     /// C order, `element` bytes per value. A trailing partial frame is left
     /// as it is (callers pass whole frames).
@@ -60,6 +68,8 @@ mod tests {
             })
             .collect();
         assert_eq!(values, want);
+        let flags: Vec<bool> = (0..6).map(|p| mask.is_valid(p)).collect();
+        assert_eq!(InvalidPixels::from_flags(&flags), invalid);
         let all = InvalidPixels::of(&ValidMask::all_valid(6));
         let mut kept = vec![7u8; 12];
         all.zero(&mut kept, 1);

@@ -24,7 +24,7 @@
 
 use std::io::{self, Write};
 
-use crate::qem::QemFile;
+use crate::qem::{QemFile, ScientificMetadata};
 
 /// Pixel types TIFF pages can hold here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,38 +87,45 @@ pub struct Sampling {
     pub stack: Option<ScanStack>,
 }
 
-fn axis_step(file: &QemFile, axis: usize) -> Option<Step> {
-    let q = file.metadata().effective_axis_sampling(axis)?;
+fn axis_step(md: &ScientificMetadata, axis: usize) -> Option<Step> {
+    let q = md.effective_axis_sampling(axis)?;
     Step::checked(q.value, &q.unit)
 }
 
 impl Sampling {
-    /// The whole acquisition: detector frames over the scan.
-    pub fn acquisition(file: &QemFile) -> Sampling {
-        let [rows, columns, ..] = file.shape();
+    /// A whole acquisition of `shape` described by `md`: detector frames
+    /// over the scan.
+    pub fn of_acquisition(md: &ScientificMetadata, shape: [u64; 4]) -> Sampling {
         Sampling {
-            image: [axis_step(file, 2), axis_step(file, 3)],
+            image: [axis_step(md, 2), axis_step(md, 3)],
             stack: Some(ScanStack {
-                rows: rows as u64,
-                columns: columns as u64,
-                row_step: axis_step(file, 0),
-                column_step: axis_step(file, 1),
+                rows: shape[0],
+                columns: shape[1],
+                row_step: axis_step(md, 0),
+                column_step: axis_step(md, 1),
             }),
         }
     }
 
+    /// The whole acquisition of `file`.
+    pub fn acquisition(file: &QemFile) -> Sampling {
+        Sampling::of_acquisition(file.metadata(), file.shape().map(|d| d as u64))
+    }
+
     /// One detector frame.
     pub fn frame(file: &QemFile) -> Sampling {
+        let md = file.metadata();
         Sampling {
-            image: [axis_step(file, 2), axis_step(file, 3)],
+            image: [axis_step(md, 2), axis_step(md, 3)],
             stack: None,
         }
     }
 
     /// An image shaped like the scan (a virtual detector image).
     pub fn scan_image(file: &QemFile) -> Sampling {
+        let md = file.metadata();
         Sampling {
-            image: [axis_step(file, 0), axis_step(file, 1)],
+            image: [axis_step(md, 0), axis_step(md, 1)],
             stack: None,
         }
     }
@@ -589,8 +596,15 @@ impl TiffLayout {
         for page in 0..self.pages {
             page_data(page, out)?;
         }
-        let padding = self.trailer_offset() - self.page_data_offset(self.pages);
+        self.write_trailer(out)
+    }
+
+    /// Writes what follows the last pixel (padding and the IFDs of pages
+    /// 1..): for a writer that has written [`Self::prefix`] and then every
+    /// page's pixels itself.
+    pub fn write_trailer<W: Write>(&self, out: &mut W) -> io::Result<()> {
         if self.pages > 1 {
+            let padding = self.trailer_offset() - self.page_data_offset(self.pages);
             out.write_all(&vec![0u8; padding as usize])?;
             for page in 1..self.pages {
                 out.write_all(&self.ifd(page))?;

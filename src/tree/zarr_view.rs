@@ -14,7 +14,7 @@
 //! else in pixels), which xarray turns into named, calibrated coordinates.
 //!
 //! Chunks span the whole detector and as many scan positions as one of the
-//! file's 512-scan blocks (see [`scan_chunk`]); a chunk is read straight
+//! file's 512-scan blocks (see [`layout::scan_chunk`]); a chunk is read straight
 //! from the decoded-block cache, so it decodes only the blocks it touches
 //! and keeps no copy of its own. Every chunk file's size comes from the
 //! header; edge chunks are full-size, padded with the fill value (zero) as
@@ -29,40 +29,7 @@ use super::content::{Bytes, Content};
 use super::qem_view::QemView;
 use super::{Directory, Entry, StaticDir, TreeError};
 use crate::qem::{Codec, Dtype, QemFile};
-
-/// The dimension names, in array order.
-pub const DIMENSIONS: [&str; 4] = ["scan_row", "scan_column", "detector_row", "detector_column"];
-
-/// A chunk larger than this holds fewer scan positions than a block, so
-/// that a reader never needs gigabytes for one chunk of a huge detector.
-const CHUNK_BYTES_LIMIT: usize = 128 << 20;
-
-/// The scan part `[rows, columns]` of the chunk shape for a scan of
-/// `rows × columns` positions stored in blocks of `block_frames` frames of
-/// `frame_bytes` bytes each.
-///
-/// A chunk holds up to one block's frames (halved while it would exceed
-/// 128 MiB): whole scan rows when a row is shorter than that, else part of
-/// one row. Chunks line up with blocks when the column count divides the
-/// block length (or the block length divides the column count, as for
-/// 128, 256 or 512 columns); otherwise a chunk may straddle two blocks and
-/// reading it decodes both.
-pub fn scan_chunk(
-    rows: usize,
-    columns: usize,
-    block_frames: usize,
-    frame_bytes: usize,
-) -> [usize; 2] {
-    let mut frames = block_frames.max(1);
-    while frames > 1 && frames.saturating_mul(frame_bytes) > CHUNK_BYTES_LIMIT {
-        frames /= 2;
-    }
-    if columns >= frames {
-        [1, frames]
-    } else {
-        [(frames / columns).clamp(1, rows.max(1)), columns]
-    }
-}
+use crate::zarr::layout::{self, DIMENSIONS};
 
 /// One array of the group: its metadata in both Zarr versions.
 struct ArrayMeta {
@@ -291,73 +258,11 @@ impl Content for DenseChunk {
     }
 }
 
-/// `{value, unit}` of a quantity, for attributes.
-fn quantity(q: &crate::qem::Quantity) -> Value {
-    json!({"value": q.value, "unit": q.unit, "provenance": q.provenance})
-}
-
-/// The group's attributes: what the array is and where it came from.
-fn group_attributes(file: &QemFile, source_name: &str) -> Map<String, Value> {
-    let header = &file.header().raw;
-    let metadata = file.metadata();
-    let mut qem = Map::new();
-    qem.insert("source".into(), source_name.into());
-    qem.insert("codec".into(), file.codec().id().into());
-    qem.insert("stored_dtype".into(), file.stored_dtype().name().into());
-    // The file's own identities: the per-64 MiB body digests, and for float
-    // files the digest of the decoded array.
-    for key in ["sha256", "logical_sha256"] {
-        if let Some(v) = header.get(key) {
-            qem.insert(key.into(), v.clone());
-        }
-    }
-    let calibration: Map<String, Value> = metadata
-        .electron_microscope
-        .iter()
-        .filter_map(|(path, _)| {
-            metadata
-                .effective(path)
-                .map(|q| (path.clone(), quantity(q)))
-        })
-        .collect();
-    qem.insert("electron_microscope".into(), Value::Object(calibration));
-    if let Some(format) = &metadata.source_format {
-        qem.insert("source_format".into(), format.clone().into());
-    }
-    qem.insert(
-        "processing".into(),
-        metadata
-            .processing
-            .iter()
-            .map(|p| Value::Object(p.fields.clone()))
-            .collect(),
-    );
-    let mut attrs = Map::new();
-    attrs.insert("qem".into(), Value::Object(qem));
-    attrs
-}
-
-/// A coordinate array: index × sampling, in the axis's unit when the file
-/// is calibrated, in pixels otherwise.
+/// A coordinate array and its one chunk.
 fn coordinate(file: &QemFile, axis: usize) -> (ArrayMeta, Arc<[u8]>) {
-    let size = file.shape()[axis];
-    let sampling = file.metadata().effective_axis_sampling(axis);
-    let (step, unit) = match sampling {
-        Some(q) => (q.value, q.unit.clone()),
-        None => (1.0, "pixel".to_string()),
-    };
-    let values: Vec<u8> = (0..size)
-        .flat_map(|i| (i as f64 * step).to_le_bytes())
-        .collect();
-    let mut attributes = Map::new();
-    attributes.insert("units".into(), unit.into());
-    attributes.insert(
-        "long_name".into(),
-        DIMENSIONS[axis].replace('_', " ").into(),
-    );
-    if let Some(q) = sampling {
-        attributes.insert("sampling".into(), quantity(q));
-    }
+    let c = layout::coordinate(file, axis);
+    let size = c.values.len();
+    let bytes: Vec<u8> = c.values.iter().flat_map(|v| v.to_le_bytes()).collect();
     (
         ArrayMeta {
             shape: vec![size],
@@ -366,9 +271,9 @@ fn coordinate(file: &QemFile, axis: usize) -> (ArrayMeta, Arc<[u8]>) {
             v2_type: "<f8",
             fill: json!(0.0),
             dimensions: vec![DIMENSIONS[axis]],
-            attributes,
+            attributes: c.attributes,
         },
-        Arc::from(values),
+        Arc::from(bytes),
     )
 }
 
@@ -384,14 +289,7 @@ fn types(d: Dtype) -> (&'static str, &'static str, Value) {
 pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Directory> {
     let file = view.file();
     let shape = file.shape();
-    let block_frames = file.blocks().first().map_or(1, |b| b.frames);
-    let [chunk_rows, chunk_columns] = scan_chunk(
-        shape[0],
-        shape[1],
-        block_frames,
-        file.pixels() * file.decoded_dtype().size(),
-    );
-    let chunk_shape = vec![chunk_rows, chunk_columns, shape[2], shape[3]];
+    let chunk_shape = layout::chunk_shape(file).to_vec();
 
     let mut arrays: Vec<(&str, ArrayMeta, Chunks)> = Vec::new();
     let dense = |d: Dtype, codes: bool, attributes: Map<String, Value>| {
@@ -412,34 +310,17 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
             },
         )
     };
-    let mut data_attrs = Map::new();
-    let (long_name, units) = match file.codec() {
-        Codec::Integer => ("electron counts", Some("counts")),
-        Codec::Float => ("intensity", None),
-        Codec::Scaled => ("calibrated intensity (decoded from stored codes)", None),
-    };
-    data_attrs.insert("long_name".into(), long_name.into());
-    if let Some(u) = units {
-        data_attrs.insert("units".into(), u.into());
-    }
-    let (meta, chunks) = dense(file.decoded_dtype(), false, data_attrs);
+    let (meta, chunks) = dense(
+        file.decoded_dtype(),
+        false,
+        layout::data_attributes(file.codec()),
+    );
     arrays.push(("data", meta, chunks));
     if file.codec() == Codec::Scaled {
-        let mut attrs = Map::new();
-        attrs.insert(
-            "long_name".into(),
-            "stored uint16 codes of the scaled codec".into(),
-        );
-        let (meta, chunks) = dense(Dtype::U16, true, attrs);
+        let (meta, chunks) = dense(Dtype::U16, true, layout::codes_attributes());
         arrays.push(("codes", meta, chunks));
     }
-    if let Some(mask) = file.valid_mask() {
-        let bytes = mask.flags();
-        let mut attributes = Map::new();
-        attributes.insert(
-            "long_name".into(),
-            "valid detector pixels (false: excluded from every reduction)".into(),
-        );
+    if let Some(bytes) = layout::mask_bytes(file) {
         arrays.push((
             "mask",
             ArrayMeta {
@@ -449,7 +330,7 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
                 v2_type: "|b1",
                 fill: json!(false),
                 dimensions: DIMENSIONS[2..].to_vec(),
-                attributes,
+                attributes: layout::mask_attributes(),
             },
             Chunks::Whole(Arc::from(bytes)),
         ));
@@ -459,7 +340,7 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
         arrays.push((name, meta, Chunks::Whole(values)));
     }
 
-    let group_attrs = group_attributes(file, source_name);
+    let group_attrs = layout::group_attributes(file, source_name);
     let mut consolidated_v3 = Map::new();
     let mut consolidated_v2 = Map::new();
     consolidated_v2.insert(".zgroup".into(), json!({"zarr_format": 2}));
@@ -513,27 +394,4 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
         }))),
     );
     Arc::new(StaticDir::new(entries))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::scan_chunk;
-
-    #[test]
-    fn chunks_follow_blocks_where_the_scan_allows() {
-        let frame = 128 * 128 * 2;
-        // 128 columns: four rows make one 512-scan block.
-        assert_eq!(scan_chunk(128, 128, 512, frame), [4, 128]);
-        // 1024 columns: half a row per block.
-        assert_eq!(scan_chunk(8, 1024, 512, frame), [1, 512]);
-        // 40 columns: twelve whole rows (480 scans) straddle blocks.
-        assert_eq!(scan_chunk(100, 40, 512, frame), [12, 40]);
-        // A scan smaller than a block is one chunk.
-        assert_eq!(scan_chunk(2, 3, 6, frame), [2, 3]);
-        // Huge frames: fewer positions, never more than 128 MiB a chunk.
-        let big = 2048 * 2048 * 4;
-        let [r, c] = scan_chunk(64, 64, 512, big);
-        assert!(r * c * big <= 128 << 20 && r * c >= 1, "{r}x{c}");
-        assert_eq!(scan_chunk(1, 1, 512, usize::MAX), [1, 1]);
-    }
 }

@@ -1,0 +1,264 @@
+//! `.qem` as a source (decoded block by block; scaled files as their codes
+//! when re-encoded, so the codes are kept exactly) and as a sink (the
+//! library's writer, which publishes atomically).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+
+use super::element::Element;
+use super::{ConvertError, Description, Options, Sink, Source};
+use crate::qem::write::{Content, CountDtype, ScaledRegion, WriteSpec, Writer, RESERVED};
+use crate::qem::{Codec, Dtype, QemFile};
+
+pub struct QemSource {
+    path: PathBuf,
+    file: QemFile,
+    codes: bool,
+    description: Description,
+    /// The last decoded block: its frames and their window bytes.
+    block: Vec<u8>,
+    block_frames: Range<usize>,
+    code_buffer: Vec<u16>,
+}
+
+impl QemSource {
+    /// Opens `path`; `codes`: a scaled file yields its uint16 codes (for a
+    /// re-encode) rather than its float32 values.
+    pub fn open(path: &Path, codes: bool) -> Result<QemSource, ConvertError> {
+        let file = QemFile::open(path).map_err(|e| ConvertError::read(path, e))?;
+        let codes = codes && file.codec() == Codec::Scaled;
+        let description = describe(path, &file, codes)?;
+        Ok(QemSource {
+            path: path.to_path_buf(),
+            file,
+            codes,
+            description,
+            block: Vec::new(),
+            block_frames: 0..0,
+            code_buffer: Vec::new(),
+        })
+    }
+
+    fn load_block_of(&mut self, frame: usize) -> Result<(), ConvertError> {
+        let info = *self
+            .file
+            .block_of_frame(frame)
+            .map_err(|e| ConvertError::read(&self.path, e))?;
+        if self.codes {
+            self.code_buffer.resize(info.frames * self.file.pixels(), 0);
+            self.file
+                .decode_block_codes(info.index, &mut self.code_buffer)
+                .map_err(|e| ConvertError::read(&self.path, e))?;
+            self.block.clear();
+            self.block
+                .extend(self.code_buffer.iter().flat_map(|c| c.to_le_bytes()));
+        } else {
+            self.block.resize(info.decoded_bytes, 0);
+            self.file
+                .decode_block_into(info.index, &mut self.block)
+                .map_err(|e| ConvertError::read(&self.path, e))?;
+        }
+        self.block_frames = info.frame_range();
+        Ok(())
+    }
+}
+
+impl Source for QemSource {
+    fn description(&self) -> &Description {
+        &self.description
+    }
+
+    fn description_mut(&mut self) -> &mut Description {
+        &mut self.description
+    }
+
+    fn read_frames(&mut self, first: u64, out: &mut [u8]) -> Result<(), ConvertError> {
+        let frame_bytes = self.description.frame_bytes();
+        let mut frame = first as usize;
+        let mut at = 0;
+        while at < out.len() {
+            if !self.block_frames.contains(&frame) {
+                self.load_block_of(frame)?;
+            }
+            let from = (frame - self.block_frames.start) * frame_bytes;
+            let n = (self.block.len() - from).min(out.len() - at);
+            out[at..at + n].copy_from_slice(&self.block[from..from + n]);
+            at += n;
+            frame += n / frame_bytes;
+        }
+        Ok(())
+    }
+}
+
+fn element(d: Dtype) -> Element {
+    match d {
+        Dtype::U8 => Element::U8,
+        Dtype::U16 => Element::U16,
+        Dtype::F32 => Element::F32,
+    }
+}
+
+/// The description that re-encodes `file` with its metadata, mask,
+/// calibration and unknown members kept.
+fn describe(path: &Path, file: &QemFile, codes: bool) -> Result<Description, ConvertError> {
+    let header = file.header();
+    let metadata = header.metadata.clone().unwrap_or_default();
+    let content = match file.codec() {
+        Codec::Integer => Content::Counts {
+            dtype: if file.stored_dtype() == Dtype::U8 {
+                CountDtype::U8
+            } else {
+                CountDtype::U16
+            },
+            valid: file
+                .valid_mask()
+                .map(|m| (0..file.pixels()).map(|p| m.is_valid(p)).collect()),
+            metadata,
+        },
+        Codec::Float => Content::Float32 {
+            empad: header.empad.clone(),
+            metadata,
+        },
+        Codec::Scaled => scaled_content(path, file)?,
+    };
+    let mut extra = header.raw.clone();
+    for k in RESERVED {
+        extra.remove(*k);
+    }
+    Ok(Description {
+        shape: header.shape,
+        element: if codes {
+            Element::U16
+        } else {
+            element(file.decoded_dtype())
+        },
+        content,
+        scientific_metadata: Value::Object(header.scientific.raw.clone()),
+        extra,
+    })
+}
+
+fn scaled_content(path: &Path, file: &QemFile) -> Result<Content, ConvertError> {
+    let header = file.header();
+    let cal = file
+        .calibration()
+        .ok_or_else(|| ConvertError::input(path, "scaled file without intensity_calibration"))?;
+    let raw_regions = cal.raw.get("regions").and_then(Value::as_array);
+    let regions = cal
+        .regions
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let mut extra: Map<String, Value> = raw_regions
+                .and_then(|v| v.get(i))
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            for k in [
+                "first_frame",
+                "stop_frame",
+                "scale",
+                "offset",
+                "intensity_min",
+                "intensity_max",
+                "storage",
+            ] {
+                extra.remove(k);
+            }
+            ScaledRegion {
+                first_frame: r.first_frame as u64,
+                stop_frame: r.stop_frame as u64,
+                scale: r.scale,
+                offset: r.offset,
+                intensity_min: r.intensity_min,
+                intensity_max: r.intensity_max,
+                extra,
+            }
+        })
+        .collect();
+    let mut calibration_extra = cal.raw.clone();
+    for k in ["storage", "version", "complete", "source_shape", "regions"] {
+        calibration_extra.remove(k);
+    }
+    Ok(Content::Scaled {
+        regions,
+        calibration_extra,
+        attributes: header.attributes.clone().unwrap_or_default(),
+    })
+}
+
+/// A `.qem` output: the library's writer never replaces a file, or with
+/// `--force` replaces it in one rename at the end.
+pub struct QemSink {
+    path: PathBuf,
+    writer: Writer,
+}
+
+impl QemSink {
+    pub fn create(
+        path: &Path,
+        d: &Description,
+        options: &Options,
+    ) -> Result<QemSink, ConvertError> {
+        let fits = matches!(
+            (&d.content, d.element),
+            (
+                Content::Counts {
+                    dtype: CountDtype::U8,
+                    ..
+                },
+                Element::U8
+            ) | (
+                Content::Counts {
+                    dtype: CountDtype::U16,
+                    ..
+                },
+                Element::U16
+            ) | (Content::Float32 { .. }, Element::F32)
+                | (Content::Scaled { .. }, Element::U16)
+        );
+        if !fits {
+            return Err(ConvertError::input(
+                path,
+                format!(
+                    "{} frames do not fit the content described",
+                    d.element.name()
+                ),
+            ));
+        }
+        let mut spec = WriteSpec::counts(d.shape, CountDtype::U8, d.scientific_metadata.clone());
+        spec.content = d.content.clone();
+        spec.extra = d.extra.clone();
+        if let Some(n) = options.chunk_scans {
+            spec = spec.with_chunk_scans(n);
+        }
+        let writer = if options.force {
+            Writer::create_replacing(path, spec)
+        } else {
+            Writer::create(path, spec)
+        }
+        .map_err(|e| ConvertError::write(path, e))?;
+        Ok(QemSink {
+            path: path.to_path_buf(),
+            writer,
+        })
+    }
+}
+
+impl Sink for QemSink {
+    fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
+        self.writer
+            .push(window)
+            .map_err(|e| ConvertError::write(&self.path, e))
+    }
+
+    fn publish(self: Box<Self>) -> Result<(), ConvertError> {
+        let QemSink { path, writer } = *self;
+        writer
+            .finish()
+            .map(drop)
+            .map_err(|e| ConvertError::write(&path, e))
+    }
+}

@@ -1,0 +1,78 @@
+//! Raw binary: a dense C-order array whose shape and dtype the user gives
+//! (`--shape`, `--dtype`), since the file carries neither.
+
+use std::fs::File;
+use std::path::Path;
+
+use super::dense::DenseFrames;
+use super::describe::foreign;
+use super::element::Narrowing;
+use super::{ConvertError, Description, Options, Source};
+use crate::qem::write::Calibration;
+
+pub struct RawSource {
+    description: Description,
+    frames: DenseFrames,
+}
+
+impl RawSource {
+    pub fn open(path: &Path, options: &Options) -> Result<RawSource, ConvertError> {
+        let Some(layout) = options.raw else {
+            return Err(ConvertError::input(
+                path,
+                "not a recognised format (.npy, .qem, TIFF, EMPAD .xml, Merlin .mib); raw input needs --shape and --dtype",
+            ));
+        };
+        let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+        let len = file
+            .metadata()
+            .map_err(|e| ConvertError::io(path, e))?
+            .len();
+        let shape = layout.shape;
+        let need = shape
+            .iter()
+            .try_fold(layout.dtype.size() as u64, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| ConvertError::input(path, "shape too large"))?;
+        if need != len {
+            return Err(ConvertError::input(
+                path,
+                format!(
+                    "holds {len} bytes, but shape {shape:?} of {} needs {need}",
+                    layout.dtype.dtype
+                ),
+            ));
+        }
+        let narrowing = Narrowing::plan(layout.dtype, options.allow_float_rounding);
+        let calibration = Calibration {
+            processing: narrowing.record.iter().cloned().collect(),
+            ..Calibration::default()
+        };
+        let description = foreign(path, shape, narrowing.stored, &calibration, "unknown", &[])?;
+        let frames = DenseFrames::new(
+            path,
+            file,
+            0,
+            narrowing,
+            shape.to_vec(),
+            shape[2] * shape[3],
+        );
+        Ok(RawSource {
+            description,
+            frames,
+        })
+    }
+}
+
+impl Source for RawSource {
+    fn description(&self) -> &Description {
+        &self.description
+    }
+
+    fn description_mut(&mut self) -> &mut Description {
+        &mut self.description
+    }
+
+    fn read_frames(&mut self, first: u64, out: &mut [u8]) -> Result<(), ConvertError> {
+        self.frames.read_frames(first, out)
+    }
+}

@@ -1,0 +1,674 @@
+//! Zarr stores on disk, through `zarrs`: [`write_store`] renders a `.qem`
+//! file as a compressed Zarr v3 group (the layout of the mount's
+//! `data.zarr`, see [`super::layout`]), and [`ZarrSource`] reads any 4-D
+//! Zarr v2 or v3 array (zarr-python's blosc, zstd, gzip or no compressor;
+//! any chunking) in bounded bands of scan rows.
+//!
+//! A store is written into a temporary sibling directory and renamed into
+//! place only when complete ([`crate::publish::AtomicDir`]).
+
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rayon::prelude::*;
+use serde_json::{Map, Value};
+use zarrs::array::codec::api::BytesToBytesCodecTraits;
+use zarrs::array::codec::{
+    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ZstdCodec,
+};
+use zarrs::array::{data_type, Array, ArrayBuilder, ArrayBytes, ArraySubset, DataType};
+use zarrs::filesystem::FilesystemStore;
+use zarrs::group::{Group, GroupBuilder};
+
+use super::layout::{self, DIMENSIONS};
+use crate::publish::{AtomicDir, Overwrite};
+use crate::qem::write::{Content, CountDtype, WriteSpec, RESERVED};
+use crate::qem::{Codec, Dtype, QemFile};
+
+/// Why a store could not be written or read; names the store (and the
+/// chunk, where one is to blame).
+#[derive(Debug, thiserror::Error)]
+#[error("{}: {reason}", store.display())]
+pub struct ZarrError {
+    pub store: PathBuf,
+    pub reason: String,
+}
+
+fn fail(store: &Path, reason: impl std::fmt::Display) -> ZarrError {
+    ZarrError {
+        store: store.to_path_buf(),
+        reason: reason.to_string(),
+    }
+}
+
+/// The compression of a written store's chunks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compression {
+    /// Uncompressed chunks (the mount's view is uncompressed too).
+    None,
+    /// zstd level 3.
+    Zstd,
+    /// blosc: byte shuffle, then LZ4 (fastest to decode).
+    BloscLz4,
+    /// blosc: byte shuffle, then zstd level 3 (the default: small and fast).
+    #[default]
+    BloscZstd,
+}
+
+impl Compression {
+    fn codecs(self, element_size: usize) -> Result<Vec<Arc<dyn BytesToBytesCodecTraits>>, String> {
+        let blosc = |cname| -> Result<Arc<dyn BytesToBytesCodecTraits>, String> {
+            let level = BloscCompressionLevel::try_from(3u8).map_err(|e| format!("{e:?}"))?;
+            let shuffle = if element_size > 0 {
+                BloscShuffleMode::BitShuffle
+            } else {
+                BloscShuffleMode::NoShuffle
+            };
+            Ok(Arc::new(
+                BloscCodec::new(cname, level, None, shuffle, Some(element_size))
+                    .map_err(|e| e.to_string())?,
+            ))
+        };
+        Ok(match self {
+            Compression::None => Vec::new(),
+            Compression::Zstd => vec![Arc::new(ZstdCodec::new(3, false))],
+            Compression::BloscLz4 => vec![blosc(BloscCompressor::LZ4)?],
+            Compression::BloscZstd => vec![blosc(BloscCompressor::Zstd)?],
+        })
+    }
+}
+
+/// What [`write_store`] wrote.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreSummary {
+    /// Decoded bytes of `data` (and `codes`) written.
+    pub dense_bytes: u64,
+    pub chunks: u64,
+}
+
+/// The members of a `.qem` header that describe the measurement rather
+/// than its encoding: kept in the store's `qem.header` attribute so that
+/// converting back recreates the same file content.
+const LAYOUT_MEMBERS: &[&str] = &["chunks", "bytes", "sha256", "logical_sha256"];
+
+fn kept_header(file: &QemFile) -> Map<String, Value> {
+    let mut header = file.header().raw.clone();
+    for k in LAYOUT_MEMBERS {
+        header.remove(*k);
+    }
+    header
+}
+
+fn zarr_type(d: Dtype) -> DataType {
+    match d {
+        Dtype::U8 => data_type::uint8(),
+        Dtype::U16 => data_type::uint16(),
+        Dtype::F32 => data_type::float32(),
+    }
+}
+
+type Store = FilesystemStore;
+
+/// One array of a store to be written.
+struct ArraySpec<'a> {
+    name: &'a str,
+    shape: Vec<u64>,
+    chunks: Vec<u64>,
+    dtype: DataType,
+    codecs: Vec<Arc<dyn BytesToBytesCodecTraits>>,
+    dimensions: &'a [&'a str],
+    attributes: Map<String, Value>,
+}
+
+fn build_array(
+    store: &Arc<Store>,
+    root: &Path,
+    spec: ArraySpec<'_>,
+) -> Result<Array<Store>, ZarrError> {
+    let ArraySpec {
+        name,
+        shape,
+        chunks,
+        dtype,
+        codecs,
+        dimensions,
+        attributes,
+    } = spec;
+    let fill: zarrs::array::FillValue = if dtype == data_type::float32() {
+        0f32.into()
+    } else if dtype == data_type::float64() {
+        0f64.into()
+    } else if dtype == data_type::uint16() {
+        0u16.into()
+    } else if dtype == data_type::bool() {
+        false.into()
+    } else {
+        0u8.into()
+    };
+    let array = ArrayBuilder::new(shape, chunks, dtype, fill)
+        .bytes_to_bytes_codecs(codecs)
+        .dimension_names(Some(dimensions.to_vec()))
+        .attributes(attributes)
+        .build(Arc::clone(store), &format!("/{name}"))
+        .map_err(|e| fail(root, format!("array {name}: {e}")))?;
+    array
+        .store_metadata()
+        .map_err(|e| fail(root, format!("array {name}: {e}")))?;
+    Ok(array)
+}
+
+/// Decoded values (or stored codes) of frames `frames`, little-endian.
+fn frames_bytes(file: &QemFile, frames: Range<usize>, codes: bool) -> Result<Vec<u8>, String> {
+    if !codes {
+        let mut out = vec![0u8; frames.len() * file.frame_bytes()];
+        file.read_frames(frames, &mut out)
+            .map_err(|e| e.to_string())?;
+        return Ok(out);
+    }
+    let pixels = file.pixels();
+    let mut out = Vec::with_capacity(frames.len() * pixels * 2);
+    let mut block_codes = Vec::new();
+    let mut frame = frames.start;
+    while frame < frames.end {
+        let info = *file.block_of_frame(frame).map_err(|e| e.to_string())?;
+        block_codes.resize(info.frames * pixels, 0u16);
+        file.decode_block_codes(info.index, &mut block_codes)
+            .map_err(|e| e.to_string())?;
+        let stop = frames.end.min(info.first_frame + info.frames);
+        let local = (frame - info.first_frame) * pixels..(stop - info.first_frame) * pixels;
+        out.extend(block_codes[local].iter().flat_map(|c| c.to_le_bytes()));
+        frame = stop;
+    }
+    Ok(out)
+}
+
+/// Writes the chunks of one 4-D array; each chunk is one contiguous run of
+/// frames (whole scan rows, or part of one), padded past the scan's edge.
+fn write_dense(
+    file: &QemFile,
+    array: &Array<Store>,
+    root: &Path,
+    codes: bool,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<u64, ZarrError> {
+    let [rows, columns, ..] = file.shape();
+    let [chunk_rows, chunk_columns, ..] = layout::chunk_shape(file);
+    let element = if codes {
+        2
+    } else {
+        file.decoded_dtype().size()
+    };
+    let frame_bytes = file.pixels() * element;
+    let grid = [rows.div_ceil(chunk_rows), columns.div_ceil(chunk_columns)];
+    let indices: Vec<[usize; 2]> = (0..grid[0])
+        .flat_map(|i| (0..grid[1]).map(move |j| [i, j]))
+        .collect();
+    indices.par_iter().try_for_each(|&[i, j]| {
+        let row = i * chunk_rows;
+        let column = j * chunk_columns;
+        let present_rows = chunk_rows.min(rows - row);
+        let present_columns = chunk_columns.min(columns - column);
+        // Both chunk shapes make the present frames one contiguous run.
+        let first = row * columns + column;
+        let count = if chunk_columns == columns {
+            present_rows * columns
+        } else {
+            present_columns
+        };
+        let mut bytes =
+            frames_bytes(file, first..first + count, codes).map_err(|e| fail(root, e))?;
+        bytes.resize(chunk_rows * chunk_columns * frame_bytes, 0);
+        progress((count * frame_bytes) as u64);
+        array
+            .store_chunk(&[i as u64, j as u64, 0, 0], ArrayBytes::new_flen(bytes))
+            .map_err(|e| fail(root, format!("chunk {i}.{j}.0.0: {e}")))
+    })?;
+    Ok((rows * columns * frame_bytes) as u64)
+}
+
+/// Writes `file` as a Zarr v3 store at `target`: the group with `data`,
+/// `codes` (scaled files), `mask` (counts) and the coordinate arrays, all
+/// with the attributes of the mount's `data.zarr`, plus `qem.header` for
+/// the way back. `progress` is told the dense bytes of each chunk written.
+pub fn write_store(
+    file: &QemFile,
+    source_name: &str,
+    target: &Path,
+    overwrite: Overwrite,
+    compression: Compression,
+    progress: &(dyn Fn(u64) + Sync),
+) -> Result<StoreSummary, ZarrError> {
+    let dir = AtomicDir::create(target, overwrite).map_err(|e| fail(target, e))?;
+    let root = dir.temp().to_path_buf();
+    let store = Arc::new(Store::new(&root).map_err(|e| fail(target, e))?);
+
+    let mut attributes = layout::group_attributes(file, source_name);
+    if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
+        qem.insert("header".into(), Value::Object(kept_header(file)));
+    }
+    let mut group = GroupBuilder::new()
+        .build(Arc::clone(&store), "/")
+        .map_err(|e| fail(target, e))?;
+    *group.attributes_mut() = attributes;
+    group.store_metadata().map_err(|e| fail(target, e))?;
+
+    let shape: Vec<u64> = file.shape().iter().map(|&s| s as u64).collect();
+    let chunks: Vec<u64> = layout::chunk_shape(file)
+        .iter()
+        .map(|&c| c as u64)
+        .collect();
+    let dtype = file.decoded_dtype();
+    let data = build_array(
+        &store,
+        target,
+        ArraySpec {
+            name: "data",
+            shape: shape.clone(),
+            chunks: chunks.clone(),
+            dtype: zarr_type(dtype),
+            codecs: compression
+                .codecs(dtype.size())
+                .map_err(|e| fail(target, e))?,
+            dimensions: &DIMENSIONS,
+            attributes: layout::data_attributes(file.codec()),
+        },
+    )?;
+    let mut arrays = vec![("data".to_string(), data.metadata().clone())];
+    let mut dense_bytes = write_dense(file, &data, target, false, progress)?;
+    let mut written = data.chunk_grid_shape().iter().product::<u64>();
+    if file.codec() == Codec::Scaled {
+        let codes = build_array(
+            &store,
+            target,
+            ArraySpec {
+                name: "codes",
+                shape: shape.clone(),
+                chunks,
+                dtype: data_type::uint16(),
+                codecs: compression.codecs(2).map_err(|e| fail(target, e))?,
+                dimensions: &DIMENSIONS,
+                attributes: layout::codes_attributes(),
+            },
+        )?;
+        arrays.push(("codes".to_string(), codes.metadata().clone()));
+        dense_bytes += write_dense(file, &codes, target, true, progress)?;
+        written += codes.chunk_grid_shape().iter().product::<u64>();
+    }
+    if let Some(mask) = layout::mask_bytes(file) {
+        let detector = shape[2..].to_vec();
+        let array = build_array(
+            &store,
+            target,
+            ArraySpec {
+                name: "mask",
+                shape: detector.clone(),
+                chunks: detector,
+                dtype: data_type::bool(),
+                codecs: Vec::new(),
+                dimensions: &DIMENSIONS[2..],
+                attributes: layout::mask_attributes(),
+            },
+        )?;
+        array
+            .store_chunk(&[0, 0], ArrayBytes::new_flen(mask))
+            .map_err(|e| fail(target, format!("mask: {e}")))?;
+        arrays.push(("mask".to_string(), array.metadata().clone()));
+    }
+    for (axis, name) in DIMENSIONS.iter().enumerate() {
+        let c = layout::coordinate(file, axis);
+        let n = c.values.len() as u64;
+        let array = build_array(
+            &store,
+            target,
+            ArraySpec {
+                name,
+                shape: vec![n],
+                chunks: vec![n.max(1)],
+                dtype: data_type::float64(),
+                codecs: Vec::new(),
+                dimensions: &[name],
+                attributes: c.attributes,
+            },
+        )?;
+        let bytes: Vec<u8> = c.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        array
+            .store_chunk(&[0], ArrayBytes::new_flen(bytes))
+            .map_err(|e| fail(target, format!("{name}: {e}")))?;
+        arrays.push((name.to_string(), array.metadata().clone()));
+    }
+    consolidate(&root, &arrays).map_err(|e| fail(target, e))?;
+    dir.publish().map_err(|e| fail(target, e))?;
+    Ok(StoreSummary {
+        dense_bytes,
+        chunks: written,
+    })
+}
+
+/// Adds zarr-python's inline consolidated metadata (every array's
+/// `zarr.json`) to the root group's `zarr.json`, so that xarray and
+/// zarr-python open the store with one read.
+fn consolidate(
+    root: &Path,
+    arrays: &[(String, zarrs::array::ArrayMetadata)],
+) -> Result<(), String> {
+    let path = root.join("zarr.json");
+    let text = std::fs::read(&path).map_err(|e| e.to_string())?;
+    let mut group: Value = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
+    let mut metadata = Map::new();
+    for (name, meta) in arrays {
+        metadata.insert(
+            name.clone(),
+            serde_json::to_value(meta).map_err(|e| e.to_string())?,
+        );
+    }
+    group["consolidated_metadata"] = serde_json::json!({
+        "kind": "inline",
+        "must_understand": false,
+        "metadata": metadata,
+    });
+    let mut out = serde_json::to_vec_pretty(&group).map_err(|e| e.to_string())?;
+    out.push(b'\n');
+    std::fs::write(&path, out).map_err(|e| e.to_string())
+}
+
+/// A 4-D Zarr array opened for conversion: a store's `data` array (the
+/// layout we write), or the array at the store's root.
+pub struct ZarrSource {
+    path: PathBuf,
+    array: Array<Store>,
+    shape: [usize; 4],
+    dtype: Dtype,
+    mask: Option<Vec<bool>>,
+    /// `qem.header` of a store we wrote: the original file's members.
+    header: Option<Map<String, Value>>,
+}
+
+/// At most this many bytes of frames are read from the store at a time.
+const BAND_BYTES: usize = 256 << 20;
+
+impl ZarrSource {
+    /// Opens `path` (a store folder). Refuses arrays that are not 4-D
+    /// uint8, uint16 or float32, naming the store and what it found.
+    pub fn open(path: &Path) -> Result<ZarrSource, ZarrError> {
+        if !path.is_dir() {
+            return Err(fail(path, "not a Zarr store (a folder)"));
+        }
+        let store = Arc::new(Store::new(path).map_err(|e| fail(path, e))?);
+        let group = Group::open(Arc::clone(&store), "/").ok();
+        let array = match &group {
+            Some(_) => Array::open(Arc::clone(&store), "/data").map_err(|e| {
+                fail(
+                    path,
+                    format!("a Zarr group without a readable array `data`: {e}"),
+                )
+            })?,
+            None => Array::open(Arc::clone(&store), "/")
+                .map_err(|e| fail(path, format!("neither a Zarr array nor a group: {e}")))?,
+        };
+        let dims = array.shape();
+        let shape: [usize; 4] = match dims {
+            [a, b, c, d] => [*a, *b, *c, *d].map(|s| s as usize),
+            _ => {
+                return Err(fail(
+                    path,
+                    format!(
+                        "a {}-D array; .qem holds 4-D arrays (scan_row, scan_column, detector_row, detector_column)",
+                        dims.len()
+                    ),
+                ))
+            }
+        };
+        if shape.contains(&0) {
+            return Err(fail(path, format!("empty array of shape {shape:?}")));
+        }
+        let t = array.data_type();
+        let dtype = if *t == data_type::uint8() {
+            Dtype::U8
+        } else if *t == data_type::uint16() {
+            Dtype::U16
+        } else if *t == data_type::float32() {
+            Dtype::F32
+        } else {
+            return Err(fail(
+                path,
+                format!(
+                    "data type {}; .qem holds uint8, uint16 or float32",
+                    type_name(&array)
+                ),
+            ));
+        };
+        let mut source = ZarrSource {
+            path: path.to_path_buf(),
+            array,
+            shape,
+            dtype,
+            mask: None,
+            header: None,
+        };
+        if let Some(group) = group {
+            if let Some(Value::Object(h)) =
+                group.attributes().get("qem").and_then(|q| q.get("header"))
+            {
+                source.header = Some(h.clone());
+            }
+            if let Ok(mask) = Array::open(store, "/mask") {
+                source.mask = Some(source.read_mask(&mask)?);
+            }
+        }
+        Ok(source)
+    }
+
+    fn read_mask(&self, mask: &Array<Store>) -> Result<Vec<bool>, ZarrError> {
+        let detector = [self.shape[2] as u64, self.shape[3] as u64];
+        if mask.shape() != detector || *mask.data_type() != data_type::bool() {
+            return Err(fail(
+                &self.path,
+                format!(
+                    "array `mask` must be bool of the detector's shape {detector:?}, not {:?}",
+                    mask.shape()
+                ),
+            ));
+        }
+        let bytes = mask
+            .retrieve_array_subset::<ArrayBytes>(&mask.subset_all())
+            .and_then(|b| Ok(b.into_fixed()?.into_owned()))
+            .map_err(|e| fail(&self.path, format!("mask: {e}")))?;
+        Ok(bytes.iter().map(|&b| b != 0).collect())
+    }
+
+    pub fn shape(&self) -> [usize; 4] {
+        self.shape
+    }
+
+    pub fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    /// The valid mask of a store with a `mask` array.
+    pub fn valid(&self) -> Option<&[bool]> {
+        self.mask.as_deref()
+    }
+
+    /// The original file's header members, for a store we wrote.
+    pub fn header(&self) -> Option<&Map<String, Value>> {
+        self.header.as_ref()
+    }
+
+    /// What the `.qem` written from this array holds. A store we wrote
+    /// (with `qem.header`) gets its original metadata, producer record,
+    /// valid mask, EMPAD description and unknown header members back; any
+    /// other array gets `scientific_metadata` (the caller's defaults) and
+    /// the `mask` array, if there is one. A scaled file's store comes back
+    /// as float32 measurements of the same values: the stored codes and
+    /// their calibration regions are not recreated.
+    pub fn write_spec(&self, scientific_metadata: Value) -> WriteSpec {
+        let shape = self.shape.map(|s| s as u64);
+        let header = self.header.clone().unwrap_or_default();
+        let object = |key: &str| match header.get(key) {
+            Some(Value::Object(m)) => m.clone(),
+            _ => Map::new(),
+        };
+        let sm = match header.get("scientific_metadata") {
+            Some(v @ Value::Object(_)) => v.clone(),
+            _ => scientific_metadata,
+        };
+        let content = match self.dtype {
+            Dtype::U8 | Dtype::U16 => Content::Counts {
+                dtype: if self.dtype == Dtype::U8 {
+                    CountDtype::U8
+                } else {
+                    CountDtype::U16
+                },
+                valid: self.mask.clone(),
+                metadata: object("metadata"),
+            },
+            Dtype::F32 => {
+                let from_float =
+                    header.get("codec").and_then(Value::as_str) == Some(Codec::Float.id());
+                Content::Float32 {
+                    empad: from_float
+                        .then(|| header.get("empad").and_then(Value::as_object).cloned())
+                        .flatten(),
+                    metadata: object("metadata"),
+                }
+            }
+        };
+        let mut spec = match content {
+            Content::Float32 { .. } => WriteSpec::float32(shape, sm),
+            _ => WriteSpec::counts(shape, CountDtype::U8, sm),
+        };
+        spec.content = content;
+        spec.extra = header
+            .into_iter()
+            .filter(|(k, _)| !RESERVED.contains(&k.as_str()))
+            .collect();
+        spec
+    }
+
+    /// How many scan rows to read at a time: as many as fit in 256 MiB,
+    /// in whole chunk rows where they fit.
+    pub fn band_rows(&self) -> usize {
+        let row_bytes = self.shape[1] * self.shape[2] * self.shape[3] * self.dtype.size();
+        let fit = (BAND_BYTES / row_bytes.max(1)).max(1);
+        let chunk_rows = self
+            .array
+            .chunk_shape(&[0, 0, 0, 0])
+            .map_or(1, |c| c[0].get() as usize);
+        if chunk_rows <= fit {
+            fit / chunk_rows * chunk_rows
+        } else {
+            fit
+        }
+        .min(self.shape[0])
+    }
+
+    /// Frames `first..first + out.len() / frame_bytes` in scan order into
+    /// `out`, reading the scan rows that hold them.
+    pub fn read_frames(&self, first: usize, out: &mut [u8]) -> Result<(), ZarrError> {
+        let [_, columns, dr, dc] = self.shape;
+        let frame_bytes = dr * dc * self.dtype.size();
+        let count = out.len() / frame_bytes.max(1);
+        if count == 0 {
+            return Ok(());
+        }
+        let rows = first / columns..(first + count).div_ceil(columns);
+        let band = self.read_rows(rows.clone())?;
+        let from = (first - rows.start * columns) * frame_bytes;
+        out.copy_from_slice(&band[from..from + out.len()]);
+        Ok(())
+    }
+
+    /// Frames of scan rows `rows`, in C order, little-endian. A missing
+    /// chunk reads as the fill value, as the Zarr specification says; a
+    /// chunk that cannot be decoded is an error naming it.
+    pub fn read_rows(&self, rows: Range<usize>) -> Result<Vec<u8>, ZarrError> {
+        let [_, columns, dr, dc] = self.shape;
+        let band = ArraySubset::new_with_ranges(&[
+            rows.start as u64..rows.end as u64,
+            0..columns as u64,
+            0..dr as u64,
+            0..dc as u64,
+        ]);
+        let element = self.dtype.size();
+        let band_shape = [rows.len(), columns, dr, dc];
+        let mut out = vec![0u8; rows.len() * columns * dr * dc * element];
+        let chunks = self
+            .array
+            .chunks_in_array_subset(&band)
+            .map_err(|e| fail(&self.path, e))?
+            .ok_or_else(|| fail(&self.path, "chunk grid does not cover the array"))?;
+        for index in chunks.indices() {
+            let key = self.array.chunk_key(&index).to_string();
+            let chunk = self
+                .array
+                .chunk_subset(&index)
+                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+            let part = chunk
+                .overlap(&band)
+                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+            if part.is_empty() {
+                continue;
+            }
+            let local = part
+                .relative_to(chunk.start())
+                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+            let bytes = self
+                .array
+                .retrieve_chunk_subset::<ArrayBytes>(&index, &local)
+                .and_then(|b| Ok(b.into_fixed()?.into_owned()))
+                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+            copy_box(
+                &bytes,
+                part.shape_usize().as_slice(),
+                &mut out,
+                &band_shape,
+                &[
+                    part.start()[0] as usize - rows.start,
+                    part.start()[1] as usize,
+                    part.start()[2] as usize,
+                    part.start()[3] as usize,
+                ],
+                element,
+            );
+        }
+        Ok(out)
+    }
+}
+
+/// The data type as the store's metadata names it (`int32`, `<i4`).
+fn type_name(array: &Array<Store>) -> String {
+    let meta = serde_json::to_value(array.metadata()).unwrap_or_default();
+    ["data_type", "dtype"]
+        .iter()
+        .find_map(|k| meta.get(*k))
+        .map_or_else(
+            || "unknown".to_string(),
+            |v| v.to_string().trim_matches('"').to_string(),
+        )
+}
+
+/// Copies a C-order box of `shape` into `out` (C order, `out_shape`) at
+/// `origin`, one innermost run at a time.
+fn copy_box(
+    src: &[u8],
+    shape: &[usize],
+    out: &mut [u8],
+    out_shape: &[usize; 4],
+    origin: &[usize; 4],
+    element: usize,
+) {
+    let run = shape[3] * element;
+    let mut at = 0;
+    for a in 0..shape[0] {
+        for b in 0..shape[1] {
+            for c in 0..shape[2] {
+                let index =
+                    ((origin[0] + a) * out_shape[1] + origin[1] + b) * out_shape[2] + origin[2] + c;
+                let start = (index * out_shape[3] + origin[3]) * element;
+                out[start..start + run].copy_from_slice(&src[at..at + run]);
+                at += run;
+            }
+        }
+    }
+}
