@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use qemfs::qem::write::{encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec};
 use qemfs::qem::QemFile;
 use qemfs::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
-use qemfs::reduce::{Cpu, Reducer};
+use qemfs::reduce::{Cpu, PixelSet, Reducer};
 
 struct Rng(u64);
 
@@ -137,6 +137,19 @@ fn main() {
     println!(
         "custom disk r=4 ({} pixels)       {:8.1} ms",
         small.len(),
+        t.as_secs_f64() * 1e3
+    );
+    let bf = &masks[0];
+    let (t, _) = best(|| reducer.masked_com(bf, geometry.center).expect("masked com"));
+    println!(
+        "com inside the bf disk ({} px)  {:8.1} ms  (row and column sums of the mask)",
+        bf.len(),
+        t.as_secs_f64() * 1e3
+    );
+    let point = PixelSet::new(vec![(det / 2 * det + det / 3) as u32]);
+    let (t, _) = best(|| reducer.images(std::slice::from_ref(&point)).expect("point"));
+    println!(
+        "point detector                   {:8.1} ms",
         t.as_secs_f64() * 1e3
     );
     let (t, _) = best(|| reducer.full().expect("full"));

@@ -11,6 +11,10 @@
 //! (the `.qem` and `.semq` readers also check sizes and checksums, but a
 //! verified block is not hashed twice).
 //!
+//! Each fault is also charged to its mapping ([`Mapping::faults`]), so a
+//! reader of one file compares its own count and is not disturbed by
+//! another file being truncated at the same time.
+//!
 //! Registration uses a fixed table of atomics, the only state a signal
 //! handler may touch; when it is full, further mappings are simply not
 //! guarded.
@@ -24,6 +28,7 @@ const SLOTS: usize = 4096;
 /// `(start, length)` of registered mappings; start 0 = free slot.
 static STARTS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
 static LENGTHS: [AtomicUsize; SLOTS] = [const { AtomicUsize::new(0) }; SLOTS];
+static SLOT_FAULTS: [AtomicU64; SLOTS] = [const { AtomicU64::new(0) }; SLOTS];
 static FAULTS: AtomicU64 = AtomicU64::new(0);
 static PAGE: AtomicUsize = AtomicUsize::new(4096);
 static INSTALL: Once = Once::new();
@@ -76,7 +81,7 @@ pub fn strict() -> bool {
 extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo for SA_SIGINFO handlers.
     let addr = unsafe { (*info).si_addr() } as usize;
-    let inside = (0..SLOTS).any(|i| {
+    let inside = (0..SLOTS).find(|&i| {
         let start = STARTS[i].load(Ordering::SeqCst);
         start != 0 && addr >= start && addr - start < LENGTHS[i].load(Ordering::SeqCst)
     });
@@ -84,7 +89,7 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
     // Linux). MAP_FIXED replaces exactly one page of a mapping we own
     // and that stays registered until it is unmapped.
     unsafe {
-        if inside {
+        if let Some(slot) = inside {
             let page = PAGE.load(Ordering::SeqCst);
             let at = addr & !(page - 1);
             let zeros = libc::mmap(
@@ -96,6 +101,7 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
                 0,
             );
             if zeros != libc::MAP_FAILED {
+                SLOT_FAULTS[slot].fetch_add(1, Ordering::SeqCst);
                 FAULTS.fetch_add(1, Ordering::SeqCst);
                 return;
             }
@@ -124,11 +130,19 @@ impl Mapping {
                         .is_ok()
                 })?;
                 LENGTHS[i].store(len, Ordering::SeqCst);
+                SLOT_FAULTS[i].store(0, Ordering::SeqCst);
                 STARTS[i].store(start, Ordering::SeqCst);
                 Some(i)
             })
             .flatten();
         Mapping { slot, map }
+    }
+
+    /// Faults absorbed in this mapping so far (0 when it could not be
+    /// registered: such a mapping is not guarded at all).
+    pub fn faults(&self) -> u64 {
+        self.slot
+            .map_or(0, |i| SLOT_FAULTS[i].load(Ordering::SeqCst))
     }
 }
 
@@ -165,9 +179,12 @@ mod tests {
         assert_eq!(map[3 * page], 7);
         file.as_file().set_len(page as u64).unwrap();
         let before = faults();
+        let other = Mapping::new(unsafe { memmap2::Mmap::map(file.as_file()).unwrap() });
         let tail: u64 = map[2 * page..].iter().map(|&b| u64::from(b)).sum();
         assert_eq!(tail, 0);
         assert!(faults() > before);
+        assert!(map.faults() > 0, "charged to the mapping that faulted");
+        assert_eq!(other.faults(), 0, "and to no other");
         assert_eq!(map[0], 7);
     }
 }

@@ -68,42 +68,13 @@ impl AtomicFile {
     pub fn create(target: impl AsRef<Path>, overwrite: Overwrite) -> Result<Self, PublishError> {
         let faults = crate::mapguard::faults();
         let target = target.as_ref().to_path_buf();
-        let name = target
-            .file_name()
-            .ok_or_else(|| {
-                PublishError::io(
-                    &target,
-                    io::Error::new(io::ErrorKind::InvalidInput, "not a file name"),
-                )
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let dir = parent_dir(&target);
-        // Before the refusal below: a killed writer's leftovers go even
-        // when this run cannot write either.
-        remove_stale_temporaries(dir, &name);
-        if overwrite == Overwrite::Never && fs::symlink_metadata(&target).is_ok() {
-            return Err(PublishError::Exists(target));
-        }
-        let (temp, file) = loop {
-            let temp = dir.join(format!(
-                ".{name}.tmp-{}-{}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            match OpenOptions::new()
+        let (temp, file) = make_temporary(&target, overwrite, |temp| {
+            OpenOptions::new()
                 .write(true)
                 .read(true)
                 .create_new(true)
-                .open(&temp)
-            {
-                Ok(file) => break (temp, file),
-                // Left by an earlier process that had our PID (so it was not
-                // removed as stale): take the next number.
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(PublishError::io(&temp, e)),
-            }
-        };
+                .open(temp)
+        })?;
         Ok(AtomicFile {
             target,
             temp,
@@ -212,33 +183,7 @@ impl AtomicDir {
     pub fn create(target: impl AsRef<Path>, overwrite: Overwrite) -> Result<Self, PublishError> {
         let faults = crate::mapguard::faults();
         let target = target.as_ref().to_path_buf();
-        let name = target
-            .file_name()
-            .ok_or_else(|| {
-                PublishError::io(
-                    &target,
-                    io::Error::new(io::ErrorKind::InvalidInput, "not a file name"),
-                )
-            })?
-            .to_string_lossy()
-            .into_owned();
-        let dir = parent_dir(&target);
-        remove_stale_temporaries(dir, &name);
-        if overwrite == Overwrite::Never && fs::symlink_metadata(&target).is_ok() {
-            return Err(PublishError::Exists(target));
-        }
-        let temp = loop {
-            let temp = dir.join(format!(
-                ".{name}.tmp-{}-{}",
-                std::process::id(),
-                COUNTER.fetch_add(1, Ordering::Relaxed)
-            ));
-            match fs::create_dir(&temp) {
-                Ok(()) => break temp,
-                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(PublishError::io(&temp, e)),
-            }
-        };
+        let (temp, ()) = make_temporary(&target, overwrite, |temp| fs::create_dir(temp))?;
         Ok(AtomicDir {
             target,
             temp,
@@ -342,6 +287,47 @@ fn rename2(from: &Path, to: &Path, flags: libc::c_uint) -> Result<(), PublishErr
         Ok(())
     } else {
         Err(PublishError::io(to, io::Error::last_os_error()))
+    }
+}
+
+/// Makes the temporary sibling `.NAME.tmp-PID-N` of `target` with `make`
+/// (a file or a folder), after removing dead writers' leftovers and
+/// refusing an existing `target` that may not be replaced.
+fn make_temporary<T>(
+    target: &Path,
+    overwrite: Overwrite,
+    make: impl Fn(&Path) -> io::Result<T>,
+) -> Result<(PathBuf, T), PublishError> {
+    let name = target
+        .file_name()
+        .ok_or_else(|| {
+            PublishError::io(
+                target,
+                io::Error::new(io::ErrorKind::InvalidInput, "not a file name"),
+            )
+        })?
+        .to_string_lossy()
+        .into_owned();
+    let dir = parent_dir(target);
+    // Before the refusal below: a killed writer's leftovers go even when
+    // this run cannot write either.
+    remove_stale_temporaries(dir, &name);
+    if overwrite == Overwrite::Never && fs::symlink_metadata(target).is_ok() {
+        return Err(PublishError::Exists(target.to_path_buf()));
+    }
+    loop {
+        let temp = dir.join(format!(
+            ".{name}.tmp-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        match make(&temp) {
+            Ok(made) => return Ok((temp, made)),
+            // Left by an earlier process that had our PID (so it was not
+            // removed as stale): take the next number.
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(PublishError::io(&temp, e)),
+        }
     }
 }
 

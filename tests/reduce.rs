@@ -11,7 +11,7 @@ use qemfs::qem::write::{
 };
 use qemfs::qem::{Codec, QemFile};
 use qemfs::reduce::geometry::{mask, Shape};
-use qemfs::reduce::{Cpu, MaxPattern, PixelSet, Reducer};
+use qemfs::reduce::{Cpu, Image, MaxPattern, PixelSet, Reducer};
 use serde_json::Value;
 
 fn fixtures() -> Vec<PathBuf> {
@@ -52,14 +52,14 @@ fn dense(file: &QemFile) -> Vec<f64> {
         .collect()
 }
 
-fn close(got: f32, want: f64, scale: f64) -> bool {
+fn close(got: f64, want: f64, scale: f64) -> bool {
     if want.is_nan() || got.is_nan() {
         return got.is_nan() && want.is_nan();
     }
-    if f64::from(got) == want {
+    if got == want {
         return true;
     }
-    (f64::from(got) - want).abs() <= 1e-6 * scale.max(1.0) + 1e-6 * want.abs()
+    (got - want).abs() <= 1e-6 * scale.max(1.0) + 1e-6 * want.abs()
 }
 
 /// Whether float32 sums of these terms can overflow.
@@ -113,8 +113,12 @@ fn check(file: &QemFile, what: &str) {
                 .map(|&p| values[f * p_count + p as usize]);
             let want: f64 = terms.clone().sum();
             let scale: f64 = terms.map(f64::abs).sum();
+            let got = image.get(f).unwrap();
             if file.codec() == Codec::Integer {
-                assert_eq!(image[f], want as f32, "{what}: mask {k} frame {f}");
+                let Image::U64(image) = image else {
+                    panic!("{what}: counts give uint64 images, not {image:?}")
+                };
+                assert_eq!(image[f] as f64, want, "{what}: mask {k} frame {f}");
             } else if overflows(
                 set.pixels()
                     .iter()
@@ -126,9 +130,8 @@ fn check(file: &QemFile, what: &str) {
                 // Scaled: calibrated once per frame; float: compensated.
                 let tolerance = if exact { 1e-5 } else { 1.0 };
                 assert!(
-                    close(image[f], want, scale * tolerance),
-                    "{what}: mask {k} frame {f}: {} vs {want}",
-                    image[f]
+                    close(got, want, scale * tolerance),
+                    "{what}: mask {k} frame {f}: {got} vs {want}"
                 );
             }
         }
@@ -162,25 +165,35 @@ fn check(file: &QemFile, what: &str) {
         if overflows(frame.iter().map(|v| v * reach)) {
             continue;
         }
+        let (got_r, got_c) = (full.com[0].get(f).unwrap(), full.com[1].get(f).unwrap());
+        if file.codec() == Codec::Integer {
+            // Exact moments over the exact total, divided once in binary64.
+            assert!(
+                got_r.to_bits() == want_r.to_bits() && got_c.to_bits() == want_c.to_bits(),
+                "{what}: com frame {f}: ({got_r}, {got_c}) vs ({want_r}, {want_c})"
+            );
+        }
         assert!(
-            close(full.com[0][f], want_r, tol * columns as f64),
-            "{what}: com row frame {f}: {} vs {want_r}",
-            full.com[0][f]
+            close(got_r, want_r, tol * columns as f64),
+            "{what}: com row frame {f}: {got_r} vs {want_r}"
         );
         assert!(
-            close(full.com[1][f], want_c, tol * columns as f64),
-            "{what}: com column frame {f}: {} vs {want_c}",
-            full.com[1][f]
+            close(got_c, want_c, tol * columns as f64),
+            "{what}: com column frame {f}: {got_c} vs {want_c}"
         );
     }
     for p in 0..p_count {
         let column = (0..n).map(|f| values[f * p_count + p]);
         let mean = column.clone().sum::<f64>() / n as f64;
         let scale = column.clone().map(f64::abs).sum::<f64>() / n as f64;
+        let got = full.mean_dp.get(p).unwrap();
+        if file.codec() == Codec::Integer {
+            // The exact total divided once in binary64.
+            assert_eq!(got, mean, "{what}: mean pixel {p}");
+        }
         assert!(
-            overflows(column.clone()) || close(full.mean_dp[p], mean, scale),
-            "{what}: mean pixel {p}: {} vs {mean}",
-            full.mean_dp[p]
+            overflows(column.clone()) || close(got, mean, scale),
+            "{what}: mean pixel {p}: {got} vs {mean}"
         );
         // NaN propagates through the maximum.
         let max = column.fold(f64::NEG_INFINITY, |m, v| {
@@ -211,6 +224,70 @@ fn every_accepted_fixture_reduces_like_brute_force() {
         // Non-finite float fixtures: compared by the rules above (NaN
         // propagates through the sums).
         check(&file, &path.display().to_string());
+    }
+}
+
+/// Dense uint16 counts whose frame sums exceed 2^24 (where float32 can no
+/// longer hold every integer): every virtual image, the mean pattern and
+/// the centre of mass equal plain u64 arithmetic exactly.
+#[test]
+fn counts_above_two_to_the_24_are_exact() {
+    let shape = [3u64, 4, 40, 36];
+    let (frames, p_count) = (12usize, 40 * 36);
+    let mut next = xorshift(0x5eed);
+    // Odd values near the top of the range: float32 would round the sums.
+    let values: Vec<u16> = (0..frames * p_count)
+        .map(|_| 60001 + 2 * (next() % 2000) as u16)
+        .collect();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let spec = WriteSpec::counts(
+        shape,
+        CountDtype::U16,
+        scientific_metadata(shape, &Calibration::default()).unwrap(),
+    )
+    .with_chunk_scans(5);
+    let file = QemFile::from_bytes(encode_to_vec(spec, &bytes).unwrap()).unwrap();
+    let reducer = Reducer::new(&file, &Cpu).unwrap();
+    let masks = vec![
+        PixelSet::new((0..p_count as u32).collect()),
+        mask([40, 36], [19.5, 17.5], Shape::Disk { radius: 15.0 }),
+        mask(
+            [40, 36],
+            [19.5, 17.5],
+            Shape::Annulus {
+                inner: 4.0,
+                outer: 100.0,
+            },
+        ),
+    ];
+    let images = reducer.images(&masks).unwrap();
+    for (set, image) in masks.iter().zip(&images) {
+        let want: Vec<u64> = (0..frames)
+            .map(|f| {
+                set.pixels()
+                    .iter()
+                    .map(|&p| u64::from(values[f * p_count + p as usize]))
+                    .sum()
+            })
+            .collect();
+        assert!(want.iter().all(|&s| s > 1 << 24), "{want:?}");
+        assert!(want.iter().any(|&s| s as f32 as u64 != s));
+        assert_eq!(image, &Image::U64(want));
+    }
+    let full = reducer.full().unwrap();
+    for p in 0..p_count {
+        let s: u64 = (0..frames)
+            .map(|f| u64::from(values[f * p_count + p]))
+            .sum();
+        assert_eq!(full.mean_dp.get(p), Some(s as f64 / frames as f64));
+    }
+    for f in 0..frames {
+        let frame = &values[f * p_count..(f + 1) * p_count];
+        let total: u64 = frame.iter().map(|&v| u64::from(v)).sum();
+        let row: u64 = (0..p_count)
+            .map(|p| (p / 36) as u64 * u64::from(frame[p]))
+            .sum();
+        assert_eq!(full.com[0].get(f), Some(row as f64 / total as f64));
     }
 }
 
@@ -298,4 +375,168 @@ proptest! {
         let file = QemFile::from_bytes(encode_to_vec(spec, &codes).unwrap()).unwrap();
         check(&file, "generated scaled codes");
     }
+}
+
+/// The exact sum of float32 terms rounded once to float32 (NaN where a
+/// NaN or both infinities are summed, else an infinity summed): Shewchuk's
+/// exact partials in binary64, as Python's `math.fsum`; binary64 cannot
+/// overflow on float32 terms, so the only overflow is the final rounding.
+fn exact_f32_sum(terms: impl Iterator<Item = f32>) -> f32 {
+    let (mut pos, mut neg, mut nan) = (false, false, false);
+    let mut partials: Vec<f64> = Vec::new();
+    for v in terms {
+        if v.is_nan() {
+            nan = true;
+            continue;
+        }
+        if v.is_infinite() {
+            (pos, neg) = (pos || v > 0.0, neg || v < 0.0);
+            continue;
+        }
+        let mut x = f64::from(v);
+        let mut kept = 0;
+        for i in 0..partials.len() {
+            let mut y = partials[i];
+            if x.abs() < y.abs() {
+                std::mem::swap(&mut x, &mut y);
+            }
+            let hi = x + y;
+            let lo = y - (hi - x);
+            if lo != 0.0 {
+                partials[kept] = lo;
+                kept += 1;
+            }
+            x = hi;
+        }
+        partials.truncate(kept);
+        partials.push(x);
+    }
+    match (nan || (pos && neg), pos, neg) {
+        (true, _, _) => f32::NAN,
+        (_, true, _) => f32::INFINITY,
+        (_, _, true) => f32::NEG_INFINITY,
+        _ => partials.iter().rev().sum::<f64>() as f32,
+    }
+}
+
+/// Equal as float32 results: both NaN, or within 1e-6 of the magnitude of
+/// the terms below 2^126 (±FLT_MAX terms are carried exactly).
+fn same_sum(got: f32, want: f32, terms: &[f32]) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    if got == want {
+        return true;
+    }
+    let small: f64 = terms
+        .iter()
+        .filter(|v| v.abs() < 2f32.powi(126))
+        .map(|&v| f64::from(v).abs())
+        .sum();
+    (f64::from(got) - f64::from(want)).abs() <= 1e-6 * small.max(1.0) + 1e-6 * f64::from(want).abs()
+}
+
+/// A float32 acquisition whose frames hold ±FLT_MAX beside ordinary
+/// values, infinities and NaN, laid out so that masked sums overflow, cancel
+/// back into range, or keep a small term beside the largest floats.
+fn extreme_floats() -> ([usize; 4], Vec<f32>) {
+    let shape = [4, 6, 8, 8];
+    let p = 64;
+    let mut next = xorshift(0xf1f1);
+    let mut v: Vec<f32> = (0..24 * p)
+        .map(|_| (next() % 2001) as f32 * 0.01 - 10.0)
+        .collect();
+    let big = f32::MAX;
+    for (frame, pixel, value) in [
+        (0, 9, big),
+        (0, 27, big), // overflows: +inf
+        (1, 9, big),
+        (1, 27, big),
+        (1, 36, -big), // back in range
+        (2, 9, big),
+        (2, 10, -6.03),
+        (2, 54, -big), // cancels, keeps -6.03
+        (3, 20, f32::INFINITY),
+        (4, 21, f32::NAN),
+        (5, 9, f32::INFINITY),
+        (5, 10, f32::NEG_INFINITY),
+        (6, 9, -big),
+        (6, 27, -big), // -inf
+        (7, 9, -big),
+        (8, 9, big),
+        (9, 9, big),
+        (10, 9, big),
+    ] {
+        v[frame * p + pixel] = value;
+    }
+    (shape, v)
+}
+
+#[test]
+fn float_extremes_match_an_exact_reference() {
+    let (shape, values) = extreme_floats();
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let shape64 = shape.map(|s| s as u64);
+    let spec = WriteSpec::float32(
+        shape64,
+        scientific_metadata(shape64, &Calibration::default()).unwrap(),
+    );
+    let file = QemFile::from_bytes(encode_to_vec(spec, &bytes).unwrap()).unwrap();
+    let reducer = Reducer::new(&file, &Cpu).unwrap();
+    let (frames, p) = (24, 64);
+    let masks = vec![
+        PixelSet::new((0..64).collect()),
+        mask([8, 8], [3.5, 3.5], Shape::Disk { radius: 2.5 }),
+        mask(
+            [8, 8],
+            [3.5, 3.5],
+            Shape::Annulus {
+                inner: 2.0,
+                outer: 9.0,
+            },
+        ),
+        PixelSet::new(vec![9, 10, 27, 36, 54]),
+    ];
+    let images = reducer.images(&masks).unwrap();
+    let mut seen = [false; 3]; // an overflow, a NaN, a cancelled FLT_MAX
+    for (k, (set, image)) in masks.iter().zip(&images).enumerate() {
+        let Image::F32(image) = image else {
+            panic!("float images are float32")
+        };
+        for f in 0..frames {
+            let terms: Vec<f32> = set
+                .pixels()
+                .iter()
+                .map(|&q| values[f * p + q as usize])
+                .collect();
+            let want = exact_f32_sum(terms.iter().copied());
+            assert!(
+                same_sum(image[f], want, &terms),
+                "mask {k} frame {f}: {} vs {want}",
+                image[f]
+            );
+            seen[0] |= want == f32::INFINITY && terms.iter().all(|v| v.is_finite());
+            seen[1] |= want.is_nan();
+            seen[2] |= f == 2 && terms.contains(&f32::MAX) && terms.contains(&-6.03);
+        }
+    }
+    assert_eq!(seen, [true; 3], "the fixture exercises every case");
+    let full = reducer.full().unwrap();
+    let Image::F32(mean) = &full.mean_dp else {
+        panic!("float mean is float32")
+    };
+    for q in 0..p {
+        let terms: Vec<f32> = (0..frames).map(|f| values[f * p + q]).collect();
+        // The documented rule: the float32 sum, divided once in binary64.
+        let sum = exact_f32_sum(terms.iter().copied());
+        let want = (f64::from(sum) / frames as f64) as f32;
+        assert!(
+            same_sum(mean[q], want, &terms),
+            "mean pixel {q}: {} vs {want}",
+            mean[q]
+        );
+    }
+    // Pixel 27 holds +FLT_MAX twice and -FLT_MAX once: its sum is back in
+    // range (FLT_MAX), whatever order the backend adds in.
+    assert_eq!(mean[27], (f64::from(f32::MAX) / frames as f64) as f32);
 }

@@ -362,16 +362,27 @@ fn examples() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/data")
 }
 
-fn f32s(bytes: &[u8]) -> Vec<f32> {
+/// The values of a uint64 `.npy` (the dtype checked).
+fn u64s(bytes: &[u8]) -> Vec<u64> {
+    assert_eq!(npy::parse_header(bytes).unwrap().dtype, npy::DType::U64);
     npy_data_of(bytes)
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// The values of a float64 `.npy` (the dtype checked).
+fn f64s(bytes: &[u8]) -> Vec<f64> {
+    assert_eq!(npy::parse_header(bytes).unwrap().dtype, npy::DType::F64);
+    npy_data_of(bytes)
+        .chunks_exact(8)
+        .map(|b| f64::from_le_bytes(b.try_into().unwrap()))
         .collect()
 }
 
 /// Per frame, the sum of counts at valid pixels with `lo ≤ d² ≤ hi`
 /// about `c` (the example marks a hot pixel invalid).
-fn ring_sums(counts: &[u16], det: usize, c: [f64; 2], lo: f64, hi: f64) -> Vec<f32> {
+fn ring_sums(counts: &[u16], det: usize, c: [f64; 2], lo: f64, hi: f64) -> Vec<u64> {
     let file = qemfs::qem::QemFile::open(examples().join("scan-u16.qem")).unwrap();
     let valid = file.valid_mask().unwrap();
     counts
@@ -385,7 +396,7 @@ fn ring_sums(counts: &[u16], det: usize, c: [f64; 2], lo: f64, hi: f64) -> Vec<f
                     s += u64::from(v);
                 }
             }
-            s as f32
+            s
         })
         .collect()
 }
@@ -412,7 +423,7 @@ fn virtual_detectors_follow_the_geometry_they_report() {
         "{c:?}"
     );
     assert!((r - 10.24).abs() < 0.5, "{r}");
-    let bf = f32s(&read(&tree, "scan-u16.qem/virtual/bf.npy"));
+    let bf = u64s(&read(&tree, "scan-u16.qem/virtual/bf.npy"));
     assert_eq!(bf, ring_sums(&counts, det, c, f64::NEG_INFINITY, r * r));
     for name in ["abf", "adf", "haadf"] {
         let ring = &doc["detectors"][name];
@@ -420,16 +431,16 @@ fn virtual_detectors_follow_the_geometry_they_report() {
             ring["inner_radius"].as_f64().unwrap(),
             ring["outer_radius"].as_f64().unwrap(),
         );
-        let got = f32s(&read(&tree, &format!("scan-u16.qem/virtual/{name}.npy")));
+        let got = u64s(&read(&tree, &format!("scan-u16.qem/virtual/{name}.npy")));
         assert_eq!(got, ring_sums(&counts, det, c, ri * ri, ro * ro), "{name}");
     }
     // Custom detectors are served on lookup, not listed.
-    let disk = f32s(&read(&tree, "scan-u16.qem/virtual/disk-20-40.5-7.npy"));
+    let disk = u64s(&read(&tree, "scan-u16.qem/virtual/disk-20-40.5-7.npy"));
     assert_eq!(
         disk,
         ring_sums(&counts, det, [20.0, 40.5], f64::NEG_INFINITY, 49.0)
     );
-    let ring = f32s(&read(
+    let ring = u64s(&read(
         &tree,
         "scan-u16.qem/virtual/annulus-31.5-31.5-12-99.npy",
     ));
@@ -444,7 +455,7 @@ fn virtual_detectors_follow_the_geometry_they_report() {
 
     // Centre of mass: the generator moves the disk by 1.5 sin(0.4 row)
     // along detector rows; mean-subtracted values follow that.
-    let com_row = f32s(&read(&tree, "scan-u16.qem/virtual/com_row.npy"));
+    let com_row = f64s(&read(&tree, "scan-u16.qem/virtual/com_row.npy"));
     let file = qemfs::qem::QemFile::open(examples().join("scan-u16.qem")).unwrap();
     let valid = file.valid_mask().unwrap();
     let mut want = Vec::new();
@@ -466,18 +477,18 @@ fn virtual_detectors_follow_the_geometry_they_report() {
     let mean = want.iter().sum::<f64>() / want.len() as f64;
     for (f, (&got, w)) in com_row.iter().zip(&want).enumerate() {
         assert!(
-            (f64::from(got) - (w - mean)).abs() < 1e-4,
+            (got - (w - mean)).abs() < 1e-12,
             "frame {f}: {got} vs {}",
             w - mean
         );
     }
-    let mean_dp = f32s(&read(&tree, "scan-u16.qem/virtual/mean_dp.npy"));
+    let mean_dp = f64s(&read(&tree, "scan-u16.qem/virtual/mean_dp.npy"));
     let frames = counts.len() / (det * det);
     for p in (0..det * det).filter(|&p| valid.is_valid(p)).step_by(97) {
         let s: u64 = (0..frames)
             .map(|f| u64::from(counts[f * det * det + p]))
             .sum();
-        assert_eq!(mean_dp[p], (s as f64 / frames as f64) as f32);
+        assert_eq!(mean_dp[p], s as f64 / frames as f64);
     }
 }
 
@@ -502,7 +513,7 @@ fn given_geometry_is_used_and_reported() {
         .chunks_exact(2)
         .map(|b| u16::from_le_bytes([b[0], b[1]]))
         .collect();
-    let bf = f32s(&read(&tree, "scan-u16.qem/virtual/bf.npy"));
+    let bf = u64s(&read(&tree, "scan-u16.qem/virtual/bf.npy"));
     assert_eq!(
         bf,
         ring_sums(&counts, 64, [10.0, 12.0], f64::NEG_INFINITY, 16.0)
@@ -588,9 +599,11 @@ fn previews_are_enlarged_copies_of_their_images() {
     let base = "u16-invalid-mask-33x40.qem/virtual";
     let npy_bytes = read(&tree, &format!("{base}/bf.npy"));
     let h = npy::parse_header(&npy_bytes).unwrap();
+    // bf.npy of counts is uint64 (exact sums); the preview shows them as f32.
+    assert_eq!(h.dtype, npy::DType::U64);
     let values: Vec<f32> = npy_bytes[h.data_offset..]
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as f32)
         .collect();
     let (rows, columns) = (h.shape[0], h.shape[1]);
     let png_bytes = read(&tree, &format!("{base}/bf.png"));

@@ -2,7 +2,7 @@
 //! `qemfs mount` (one definition, so help, man pages and parsing agree).
 
 use clap::Args;
-use qemfs::reduce::geometry::DetectorOptions;
+use qemfs::reduce::geometry::{DetectorOptions, Edges};
 
 /// Geometry of the `virtual/` detector images, in detector pixels. What is
 /// not given is found in the data (see `virtual/detectors.json`).
@@ -23,6 +23,11 @@ pub struct DetectorArgs {
     /// High-angle annular dark field "INNER,OUTER" (default: the ADF outer radius to the farthest pixel)
     #[arg(long, value_name = "INNER,OUTER", value_parser = parse_annulus)]
     pub haadf: Option<[f64; 2]>,
+    /// Which mask edges count: inclusive (both, the default), libertem (the
+    /// inner edge excluded) or py4dstem (both excluded), to reproduce those
+    /// tools' images; a centre within 1e-9 pixels of an edge is on it
+    #[arg(long, value_name = "RULE", default_value = "inclusive")]
+    pub mask_edges: Edges,
 }
 
 impl DetectorArgs {
@@ -33,6 +38,7 @@ impl DetectorArgs {
             abf: self.abf,
             adf: self.adf,
             haadf: self.haadf,
+            edges: self.mask_edges,
         }
     }
 
@@ -54,6 +60,9 @@ impl DetectorArgs {
             if let Some(v) = v {
                 out.extend([flag.to_string(), pair(v)]);
             }
+        }
+        if self.mask_edges != Edges::default() {
+            out.extend(["--mask-edges".into(), self.mask_edges.name().into()]);
         }
         out
     }
@@ -104,10 +113,20 @@ mod tests {
             abf: None,
             adf: Some([4.0, 9.0]),
             haadf: None,
+            mask_edges: Edges::Libertem,
         };
         assert_eq!(
             args.to_args(),
-            ["--center", "1.5,2", "--bf-radius", "3.25", "--adf", "4,9"]
+            [
+                "--center",
+                "1.5,2",
+                "--bf-radius",
+                "3.25",
+                "--adf",
+                "4,9",
+                "--mask-edges",
+                "libertem"
+            ]
         );
     }
 }

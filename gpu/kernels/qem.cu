@@ -18,6 +18,8 @@
 #define ATOMIC_ADD(p, v) __nvvm_atom_add_gen_i((int *)(p), (int)(v))
 #define AS_FLOAT(b) __builtin_bit_cast(float, (b))
 #define AS_BITS(f) __builtin_bit_cast(unsigned int, (f))
+#define TRUNCF(x) __builtin_truncf(x)
+#define FABSF(x) __builtin_fabsf(x)
 #else
 #define QEM_GLOBAL __global__
 #define QEM_DEVICE __device__ static inline
@@ -29,6 +31,8 @@
 #define ATOMIC_ADD(p, v) atomicAdd((p), (v))
 #define AS_FLOAT(b) __uint_as_float(b)
 #define AS_BITS(f) __float_as_uint(f)
+#define TRUNCF(x) truncf(x)
+#define FABSF(x) fabsf(x)
 #endif
 
 typedef unsigned int u32;
@@ -175,19 +179,59 @@ QEM_DEVICE float float_value(const ReduceParams &rp, const u32 *scratch, const f
     return f;
 }
 
-// Kahan step; `one` (1.0 from the host) keeps the compensation from being
-// simplified away, as in reduce.wgsl (neither nvcc nor clang reassociate
-// without fast-math flags, but the kernels stay identical to the shaders).
-QEM_DEVICE void kahan(float &s, float &c, float x, float one) {
-    float y = x - c;
-    float t = (s + y) * one;
-    float nc = (t - s) - y;
-    c = is_finite_bits(as_bits(t)) ? nc : 0.0f;
-    s = t;
+// The float accumulator of reduce.wgsl and src/reduce/neumaier.rs, step
+// for step: (sum, compensation, units of 2^126, special flags 1: +inf,
+// 2: -inf, 4: NaN), four words in memory; the host computes its value.
+// `one` (1.0 from the host) keeps the compensation from being simplified
+// away, as in reduce.wgsl.
+struct Acc {
+    float s, c;
+    int h;
+    u32 special;
+};
+
+QEM_DEVICE Acc acc_zero() { Acc a; a.s = 0.0f; a.c = 0.0f; a.h = 0; a.special = 0u; return a; }
+
+QEM_DEVICE Acc acc_load(const u32 *w) {
+    Acc a; a.s = as_float(w[0]); a.c = as_float(w[1]); a.h = (int)w[2]; a.special = w[3]; return a;
+}
+
+QEM_DEVICE void acc_store(u32 *w, const Acc &a) {
+    w[0] = as_bits(a.s); w[1] = as_bits(a.c); w[2] = (u32)a.h; w[3] = a.special;
+}
+
+QEM_DEVICE int add_units(int h, int q) {
+    long long v = (long long)h + q;
+    return v > 1073741824 ? 1073741824 : (v < -1073741824 ? -1073741824 : (int)v);
+}
+
+QEM_DEVICE void acc_add(Acc &r, float v, float one) {
+    const float unit = as_float(0x7e800000u), inv_unit = as_float(0x00800000u);
+    u32 b = as_bits(v);
+    if (!is_finite_bits(b)) {
+        r.special |= is_nan_bits(b) ? 4u : ((b & 0x80000000u) == 0u ? 1u : 2u);
+        return;
+    }
+    float x = v, q = 0.0f;
+    if (FABSF(x) >= unit) { q = TRUNCF(x * inv_unit); x = x - q * unit; }
+    float t = (r.s + x) * one;
+    if (FABSF(r.s) >= FABSF(x)) r.c = r.c + ((r.s - t) + x);
+    else r.c = r.c + ((x - t) + r.s);
+    float s = t, q2 = 0.0f;
+    if (FABSF(s) >= unit) { q2 = TRUNCF(s * inv_unit); s = s - q2 * unit; }
+    r.s = s;
+    r.h = add_units(r.h, (int)q + (int)q2);
+}
+
+QEM_DEVICE void acc_merge(Acc &r, const Acc &part, float one) {
+    r.h = add_units(r.h, part.h);
+    r.special |= part.special;
+    acc_add(r, part.s, one);
+    acc_add(r, part.c, one);
 }
 
 QEM_DEVICE u32 slot(const ReduceParams &rp, u32 prod, u32 seg, u32 t) {
-    return 2u * ((prod * rp.segments + seg) * rp.m + t);
+    return 4u * ((prod * rp.segments + seg) * rp.m + t);
 }
 
 // Mode 0: a plain sum (a mask); mode 1: total, row and column moments into
@@ -206,25 +250,22 @@ extern "C" QEM_GLOBAL void segments(ReduceParams rp, const u32 *scratch, const u
     u32 b = a + rp.seg_len < count ? a + rp.seg_len : count;
     u32 d0 = slot(rp, prod, seg, t);
     if (rp.float_lanes != 0u) {
-        float s0 = 0.0f, c0 = 0.0f, s1 = 0.0f, c1 = 0.0f, s2 = 0.0f, c2 = 0.0f;
+        Acc s0 = acc_zero(), s1 = acc_zero(), s2 = acc_zero();
         for (u32 k = a; k < b; k++) {
             u32 jl = lists[start + k];
             u32 p = pass_pixels[rp.pixel0 + jl];
             float v = float_value(rp, scratch, background, jl, p, t);
-            kahan(s0, c0, v, rp.one);
+            acc_add(s0, v, rp.one);
             if (mode == 1u) {
-                kahan(s1, c1, (float)(p / rp.columns) * v, rp.one);
-                kahan(s2, c2, (float)(p % rp.columns) * v, rp.one);
+                // Rounded products (`* one`): never fused into the sum.
+                acc_add(s1, ((float)(p / rp.columns) * v) * rp.one, rp.one);
+                acc_add(s2, ((float)(p % rp.columns) * v) * rp.one, rp.one);
             }
         }
-        partials[d0] = as_bits(s0);
-        partials[d0 + 1u] = as_bits(c0);
+        acc_store(partials + d0, s0);
         if (mode == 1u) {
-            u32 d1 = slot(rp, prod + 1u, seg, t), d2 = slot(rp, prod + 2u, seg, t);
-            partials[d1] = as_bits(s1);
-            partials[d1 + 1u] = as_bits(c1);
-            partials[d2] = as_bits(s2);
-            partials[d2 + 1u] = as_bits(c2);
+            acc_store(partials + slot(rp, prod + 1u, seg, t), s1);
+            acc_store(partials + slot(rp, prod + 2u, seg, t), s2);
         }
     } else {
         unsigned long long s0 = 0ull, s1 = 0ull, s2 = 0ull;
@@ -254,20 +295,17 @@ extern "C" QEM_GLOBAL void combine(ReduceParams rp, const u32 *partials, u32 *ac
     u32 t = CTAID_X * NTID_X + TID_X;
     u32 prod = CTAID_Y;
     if (t >= rp.m) return;
-    u32 at = 2u * (prod * rp.batch_frames + rp.frame0 + t);
+    u32 at = 4u * (prod * rp.batch_frames + rp.frame0 + t);
     if (rp.float_lanes != 0u) {
-        float s = as_float(acc[at]), c = as_float(acc[at + 1u]);
+        Acc s = acc_load(acc + at);
         for (u32 seg = 0; seg < rp.segments; seg++) {
-            u32 i = 2u * ((prod * rp.segments + seg) * rp.m + t);
-            c = c + as_float(partials[i + 1u]);
-            kahan(s, c, as_float(partials[i]), rp.one);
+            acc_merge(s, acc_load(partials + slot(rp, prod, seg, t)), rp.one);
         }
-        acc[at] = as_bits(s);
-        acc[at + 1u] = as_bits(c);
+        acc_store(acc + at, s);
     } else {
         unsigned long long s = (unsigned long long)acc[at] | ((unsigned long long)acc[at + 1u] << 32);
         for (u32 seg = 0; seg < rp.segments; seg++) {
-            u32 i = 2u * ((prod * rp.segments + seg) * rp.m + t);
+            u32 i = slot(rp, prod, seg, t);
             s += (unsigned long long)partials[i] | ((unsigned long long)partials[i + 1u] << 32);
         }
         acc[at] = (u32)s;
@@ -280,8 +318,9 @@ extern "C" QEM_GLOBAL void pattern(ReduceParams rp, const u32 *scratch, const fl
     u32 jl = CTAID_X * NTID_X + TID_X;
     if (jl >= rp.width) return;
     u32 p = pass_pixels[rp.pixel0 + jl];
+    u32 ps = 4u * p;
     if (rp.float_lanes != 0u) {
-        float s = as_float(pattern_sum[2u * p]), c = as_float(pattern_sum[2u * p + 1u]);
+        Acc s = acc_load(pattern_sum + ps);
         u32 top = pattern_max[2u * p];
         u32 any_nan = pattern_max[2u * p + 1u];
         for (u32 t = 0; t < rp.m; t++) {
@@ -289,10 +328,9 @@ extern "C" QEM_GLOBAL void pattern(ReduceParams rp, const u32 *scratch, const fl
             u32 bits = as_bits(v);
             if (is_nan_bits(bits)) any_nan = 1u;
             else if (order_key(bits) > order_key(top)) top = bits;
-            kahan(s, c, v, rp.one);
+            acc_add(s, v, rp.one);
         }
-        pattern_sum[2u * p] = as_bits(s);
-        pattern_sum[2u * p + 1u] = as_bits(c);
+        acc_store(pattern_sum + ps, s);
         pattern_max[2u * p] = top;
         pattern_max[2u * p + 1u] = any_nan;
     } else {
@@ -303,9 +341,9 @@ extern "C" QEM_GLOBAL void pattern(ReduceParams rp, const u32 *scratch, const fl
             top = v > top ? v : top;
         }
         unsigned long long sum =
-            ((unsigned long long)pattern_sum[2u * p] | ((unsigned long long)pattern_sum[2u * p + 1u] << 32)) + s;
-        pattern_sum[2u * p] = (u32)sum;
-        pattern_sum[2u * p + 1u] = (u32)(sum >> 32);
+            ((unsigned long long)pattern_sum[ps] | ((unsigned long long)pattern_sum[ps + 1u] << 32)) + s;
+        pattern_sum[ps] = (u32)sum;
+        pattern_sum[ps + 1u] = (u32)(sum >> 32);
         pattern_max[2u * p] = top;
     }
 }

@@ -2,13 +2,17 @@
 // decode.wgsl): per-frame weighted sums over pixel lists (masks, total,
 // row and column moments) and per-pixel sum and maximum over frames.
 //
-// Integer sources (counts, scaled codes) are summed exactly as u64 held in
-// (lo, hi) u32 pairs with carry. Float sources are summed in float32 with
-// Kahan compensation; a state is (s, c), the sum being s (c is the running
-// compensation, as in the CPU reference).
+// Every accumulator is 4 u32 words. Integer sources (counts, scaled codes)
+// are summed exactly as u64 held in (lo, hi) u32 pairs with carry (words 2
+// and 3 unused). Float sources use the CPU reference's rule step for step
+// (src/reduce/neumaier.rs): (sum, compensation, units, special), Neumaier's
+// compensation, whole multiples of 2^126 moved into `units` so no partial
+// sum overflows, non-finite terms only flagged (1: +inf, 2: -inf, 4: NaN).
+// The host turns a state into its float32 value (Neumaier::value).
 //
 // WGSL lets an implementation assume that no NaN or infinity occurs, so
-// every decision about non-finite values is taken on the bit patterns.
+// every decision about non-finite values is taken on the bit patterns, and
+// the float state itself never holds one.
 
 struct ReduceParams {
     m: u32,
@@ -30,9 +34,9 @@ struct ReduceParams {
     // Frame offset of this block in the batch accumulators.
     frame0: u32,
     batch_frames: u32,
-    // 1.0, unknown to the shader compiler: multiplying the Kahan sum by it
-    // keeps compilers that reassociate float arithmetic (lavapipe's LLVM
-    // does) from simplifying the compensation (t - s) - y to 0.
+    // 1.0, unknown to the shader compiler: multiplying the running sum by
+    // it keeps compilers that reassociate float arithmetic (lavapipe's LLVM
+    // does) from simplifying the compensation (s - t) + x to 0.
     one: f32,
     pad0: u32,
     pad1: u32,
@@ -48,7 +52,7 @@ struct ReduceParams {
 @group(0) @binding(4) var<storage, read_write> partials: array<u32>;
 @group(0) @binding(5) var<storage, read_write> acc: array<u32>;
 @group(0) @binding(6) var<storage, read> background: array<f32>;
-// Per pixel: (lo, hi) or Kahan (s, c).
+// Per pixel: 4 words, (lo, hi, -, -) or a float state.
 @group(0) @binding(7) var<storage, read_write> pattern_sum: array<u32>;
 // Per pixel: integer maximum, or (float maximum bits, any-NaN flag).
 @group(0) @binding(8) var<storage, read_write> pattern_max: array<u32>;
@@ -104,26 +108,90 @@ fn add_u64(a: vec2<u32>, b: vec2<u32>) -> vec2<u32> {
     return vec2<u32>(lo, a.y + b.y + select(0u, 1u, lo < a.x));
 }
 
-// Kahan step: adds x to the state (s, c).
-fn kahan(state: vec2<f32>, x: f32) -> vec2<f32> {
-    let y = x - state.y;
-    let t = (state.x + y) * rp.one;
-    var c = (t - state.x) - y;
-    if (!is_finite_bits(bitcast<u32>(t))) {
-        // An infinite or NaN sum stays what plain summation gives; the
-        // compensation of a non-finite sum is meaningless.
-        c = 0.0;
-    }
-    return vec2<f32>(t, c);
+// A float accumulator (see the head of this file).
+struct Acc {
+    s: f32,
+    c: f32,
+    h: i32,
+    special: u32,
 }
 
-// Merges a Kahan partial (ps, pc) into the state (s, c).
-fn kahan_merge(state: vec2<f32>, part: vec2<f32>) -> vec2<f32> {
-    return kahan(vec2<f32>(state.x, state.y + part.y), part.x);
+fn unit() -> f32 {
+    return bitcast<f32>(0x7e800000u); // 2^126
+}
+
+fn inv_unit() -> f32 {
+    return bitcast<f32>(0x00800000u); // 2^-126
+}
+
+fn load_acc(w: vec4<u32>) -> Acc {
+    return Acc(bitcast<f32>(w.x), bitcast<f32>(w.y), bitcast<i32>(w.z), w.w);
+}
+
+fn acc_words(a: Acc) -> vec4<u32> {
+    return vec4<u32>(bitcast<u32>(a.s), bitcast<u32>(a.c), bitcast<u32>(a.h), a.special);
+}
+
+// Adds count q of 2^126 to the units, saturating as the CPU does.
+fn add_units(h: i32, q: i32) -> i32 {
+    return clamp(h + q, -1073741824, 1073741824);
+}
+
+// Neumaier step: adds v to the state.
+fn acc_add(a: Acc, v: f32) -> Acc {
+    var r = a;
+    let b = bitcast<u32>(v);
+    if (!is_finite_bits(b)) {
+        if (is_nan_bits(b)) {
+            r.special = r.special | 4u;
+        } else if ((b & 0x80000000u) == 0u) {
+            r.special = r.special | 1u;
+        } else {
+            r.special = r.special | 2u;
+        }
+        return r;
+    }
+    var x = v;
+    var q = 0.0;
+    if (abs(x) >= unit()) {
+        q = trunc(x * inv_unit());
+        x = x - q * unit();
+    }
+    let t = (r.s + x) * rp.one;
+    if (abs(r.s) >= abs(x)) {
+        r.c = r.c + ((r.s - t) + x);
+    } else {
+        r.c = r.c + ((x - t) + r.s);
+    }
+    var s = t;
+    var q2 = 0.0;
+    if (abs(s) >= unit()) {
+        q2 = trunc(s * inv_unit());
+        s = s - q2 * unit();
+    }
+    r.s = s;
+    r.h = add_units(r.h, i32(q) + i32(q2));
+    return r;
+}
+
+// Merges a partial state (of later terms) into the state.
+fn acc_merge(a: Acc, part: Acc) -> Acc {
+    var r = a;
+    r.h = add_units(r.h, part.h);
+    r.special = r.special | part.special;
+    r = acc_add(r, part.s);
+    return acc_add(r, part.c);
 }
 
 fn slot(prod: u32, seg: u32, t: u32) -> u32 {
-    return 2u * ((prod * rp.segments + seg) * rp.m + t);
+    return 4u * ((prod * rp.segments + seg) * rp.m + t);
+}
+
+fn store_partial(at: u32, w: vec4<u32>) {
+    partials[at] = w.x;
+    partials[at + 1u] = w.y;
+    partials[at + 2u] = w.z;
+    partials[at + 3u] = w.w;
 }
 
 // One invocation per (frame, segment, product): the sum of the segment's
@@ -148,29 +216,24 @@ fn segments(@builtin(global_invocation_id) gid: vec3<u32>) {
     let a = min(seg * rp.seg_len, count);
     let b = min(a + rp.seg_len, count);
     if (rp.float_lanes != 0u) {
-        var s0 = vec2<f32>(0.0, 0.0);
-        var s1 = vec2<f32>(0.0, 0.0);
-        var s2 = vec2<f32>(0.0, 0.0);
+        var s0 = Acc(0.0, 0.0, 0, 0u);
+        var s1 = s0;
+        var s2 = s0;
         for (var k = a; k < b; k++) {
             let jl = lists[start + k];
             let p = pass_pixels[rp.pixel0 + jl];
             let v = float_value(jl, p, t);
-            s0 = kahan(s0, v);
+            s0 = acc_add(s0, v);
             if (mode == 1u) {
-                s1 = kahan(s1, f32(p / rp.columns) * v);
-                s2 = kahan(s2, f32(p % rp.columns) * v);
+                // Rounded products (`* rp.one`): never fused into the sum.
+                s1 = acc_add(s1, (f32(p / rp.columns) * v) * rp.one);
+                s2 = acc_add(s2, (f32(p % rp.columns) * v) * rp.one);
             }
         }
-        let dst = slot(prod, seg, t);
-        partials[dst] = bitcast<u32>(s0.x);
-        partials[dst + 1u] = bitcast<u32>(s0.y);
+        store_partial(slot(prod, seg, t), acc_words(s0));
         if (mode == 1u) {
-            let d1 = slot(prod + 1u, seg, t);
-            partials[d1] = bitcast<u32>(s1.x);
-            partials[d1 + 1u] = bitcast<u32>(s1.y);
-            let d2 = slot(prod + 2u, seg, t);
-            partials[d2] = bitcast<u32>(s2.x);
-            partials[d2 + 1u] = bitcast<u32>(s2.y);
+            store_partial(slot(prod + 1u, seg, t), acc_words(s1));
+            store_partial(slot(prod + 2u, seg, t), acc_words(s2));
         }
     } else {
         var s0 = vec2<u32>(0u, 0u);
@@ -186,16 +249,10 @@ fn segments(@builtin(global_invocation_id) gid: vec3<u32>) {
                 s2 = add_product(s2, v, p % rp.columns);
             }
         }
-        let dst = slot(prod, seg, t);
-        partials[dst] = s0.x;
-        partials[dst + 1u] = s0.y;
+        store_partial(slot(prod, seg, t), vec4<u32>(s0, 0u, 0u));
         if (mode == 1u) {
-            let d1 = slot(prod + 1u, seg, t);
-            partials[d1] = s1.x;
-            partials[d1 + 1u] = s1.y;
-            let d2 = slot(prod + 2u, seg, t);
-            partials[d2] = s2.x;
-            partials[d2 + 1u] = s2.y;
+            store_partial(slot(prod + 1u, seg, t), vec4<u32>(s1, 0u, 0u));
+            store_partial(slot(prod + 2u, seg, t), vec4<u32>(s2, 0u, 0u));
         }
     }
 }
@@ -209,19 +266,22 @@ fn combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (t >= rp.m) {
         return;
     }
-    let at = 2u * (prod * rp.batch_frames + rp.frame0 + t);
+    let at = 4u * (prod * rp.batch_frames + rp.frame0 + t);
     if (rp.float_lanes != 0u) {
-        var s = vec2<f32>(bitcast<f32>(acc[at]), bitcast<f32>(acc[at + 1u]));
+        var s = load_acc(vec4<u32>(acc[at], acc[at + 1u], acc[at + 2u], acc[at + 3u]));
         for (var seg = 0u; seg < rp.segments; seg++) {
-            let i = 2u * ((prod * rp.segments + seg) * rp.m + t);
-            s = kahan_merge(s, vec2<f32>(bitcast<f32>(partials[i]), bitcast<f32>(partials[i + 1u])));
+            let i = slot(prod, seg, t);
+            s = acc_merge(s, load_acc(vec4<u32>(partials[i], partials[i + 1u], partials[i + 2u], partials[i + 3u])));
         }
-        acc[at] = bitcast<u32>(s.x);
-        acc[at + 1u] = bitcast<u32>(s.y);
+        let w = acc_words(s);
+        acc[at] = w.x;
+        acc[at + 1u] = w.y;
+        acc[at + 2u] = w.z;
+        acc[at + 3u] = w.w;
     } else {
         var s = vec2<u32>(acc[at], acc[at + 1u]);
         for (var seg = 0u; seg < rp.segments; seg++) {
-            let i = 2u * ((prod * rp.segments + seg) * rp.m + t);
+            let i = slot(prod, seg, t);
             s = add_u64(s, vec2<u32>(partials[i], partials[i + 1u]));
         }
         acc[at] = s.x;
@@ -239,7 +299,8 @@ fn pattern(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let p = pass_pixels[rp.pixel0 + jl];
     if (rp.float_lanes != 0u) {
-        var s = vec2<f32>(bitcast<f32>(pattern_sum[2u * p]), bitcast<f32>(pattern_sum[2u * p + 1u]));
+        let ps = 4u * p;
+        var s = load_acc(vec4<u32>(pattern_sum[ps], pattern_sum[ps + 1u], pattern_sum[ps + 2u], pattern_sum[ps + 3u]));
         var top = pattern_max[2u * p];
         var any_nan = pattern_max[2u * p + 1u];
         for (var t = 0u; t < rp.m; t++) {
@@ -250,10 +311,13 @@ fn pattern(@builtin(global_invocation_id) gid: vec3<u32>) {
             } else if (order_key(bits) > order_key(top)) {
                 top = bits;
             }
-            s = kahan(s, v);
+            s = acc_add(s, v);
         }
-        pattern_sum[2u * p] = bitcast<u32>(s.x);
-        pattern_sum[2u * p + 1u] = bitcast<u32>(s.y);
+        let w = acc_words(s);
+        pattern_sum[ps] = w.x;
+        pattern_sum[ps + 1u] = w.y;
+        pattern_sum[ps + 2u] = w.z;
+        pattern_sum[ps + 3u] = w.w;
         pattern_max[2u * p] = top;
         pattern_max[2u * p + 1u] = any_nan;
     } else {
@@ -264,9 +328,10 @@ fn pattern(@builtin(global_invocation_id) gid: vec3<u32>) {
             s += v;
             top = max(top, v);
         }
-        let sum = add_u64(vec2<u32>(pattern_sum[2u * p], pattern_sum[2u * p + 1u]), vec2<u32>(s, 0u));
-        pattern_sum[2u * p] = sum.x;
-        pattern_sum[2u * p + 1u] = sum.y;
+        let ps = 4u * p;
+        let sum = add_u64(vec2<u32>(pattern_sum[ps], pattern_sum[ps + 1u]), vec2<u32>(s, 0u));
+        pattern_sum[ps] = sum.x;
+        pattern_sum[ps + 1u] = sum.y;
         pattern_max[2u * p] = top;
     }
 }

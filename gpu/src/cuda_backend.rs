@@ -168,9 +168,13 @@ impl Cuda {
             let bits: Vec<u32> = bg.iter().map(|v| v.to_bits()).collect();
             self.upload(&mut background, &bits)?;
         }
-        let pattern_words = if request.pattern { 2 * p_count } else { 2 };
-        let mut pattern_sum = self.zeros(pattern_words)?;
-        let mut pattern_max = self.zeros(pattern_words)?;
+        let (sum_words, max_words) = if request.pattern {
+            (crate::plan::ACC_WORDS * p_count, 2 * p_count)
+        } else {
+            (crate::plan::ACC_WORDS, 2)
+        };
+        let mut pattern_sum = self.zeros(sum_words)?;
+        let mut pattern_max = self.zeros(max_words)?;
         if request.pattern {
             self.upload(&mut pattern_max, &plan::pattern_max_init(call, p_count))?;
         }
@@ -241,14 +245,17 @@ impl Cuda {
             }
             decoder.check_faults(self, file, call)?;
             if n_prod > 0 {
-                let words = self.download(&acc, 2 * n_prod as usize * batch_frames)?;
+                let words = self.download(
+                    &acc,
+                    crate::plan::ACC_WORDS * n_prod as usize * batch_frames,
+                )?;
                 gathered.push_batch(&words, batch_frames);
             }
         }
         let pattern = if request.pattern {
             Some((
-                self.download(&pattern_sum, pattern_words)?,
-                self.download(&pattern_max, pattern_words)?,
+                self.download(&pattern_sum, sum_words)?,
+                self.download(&pattern_max, max_words)?,
             ))
         } else {
             None

@@ -19,14 +19,20 @@
 //!
 //! Numerics: integer products (counts, scaled codes) equal the CPU
 //! reference's exactly (u64 sums kept as u32 pairs with carry). Float
-//! products are Kahan-compensated float32 sums in another order than the
-//! CPU's (segments of 64 pixels merged in pixel order; frames in order for
-//! the pattern), so they are not bit-identical: they agree with the CPU
-//! and with a float64 reference within `1e-6 + 1e-6 * M`, `M` the sum of the
-//! magnitudes of the summed finite terms (spec §13's rtol = atol = 1e-6,
-//! relative to the terms' magnitude). Non-finite values propagate as in a
-//! plain float32 sum; a float32 partial sum may overflow to infinity where
-//! a float64 one does not. Pattern maxima are exact.
+//! products follow the CPU's one summation rule step for step
+//! ([`qemfs::reduce::Neumaier`]: Neumaier compensation, multiples of 2^126
+//! carried in an integer so no partial sum overflows, non-finite terms only
+//! flagged; the host computes each state's value with the same function).
+//! The order differs from the CPU's (segments of 64 pixels merged in pixel
+//! order; frames in order for the pattern), so results need not be
+//! bit-identical: they agree with the CPU and with an exact reference
+//! within `1e-6 + 1e-6 * M`, `M` the sum of the magnitudes of the finite
+//! summed terms below 2^126 (spec §13's rtol = atol = 1e-6, relative to the
+//! terms' magnitude; ±FLT_MAX terms are carried exactly). An overflowing
+//! sum is ±inf, NaN comes only from a NaN or from both infinities among
+//! the terms. Moment terms `row · value` are rounded to float32 before they
+//! are summed (an overflowing one counts as an infinity). Pattern maxima
+//! are exact.
 //!
 //! [`select`] picks a backend at start-up from `--gpu auto|wgpu|cuda|off`.
 

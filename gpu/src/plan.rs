@@ -11,7 +11,7 @@ use bytemuck::{Pod, Zeroable};
 use qemfs::qem::{
     stream, Codec, Dtype, QemError, QemFile, RawBlockStreams, StreamFault, StreamSite,
 };
-use qemfs::reduce::{Moments, Partial, Pattern, ReduceError, Request, Values};
+use qemfs::reduce::{Moments, Neumaier, Partial, Pattern, ReduceError, Request, Values};
 
 /// Decoded values held on the device at once: 8 Mi u32 = 32 MiB.
 pub const SCRATCH_VALUES: usize = 8 << 20;
@@ -19,9 +19,12 @@ pub const SCRATCH_VALUES: usize = 8 << 20;
 pub const MAX_PASS_STREAMS: usize = 65535 * 64;
 /// Payload bytes uploaded per pass, at most.
 pub const PAYLOAD_LIMIT: usize = 64 << 20;
-/// Largest detector the pattern accumulators hold (two u32 per pixel in
-/// one 64 MiB binding).
+/// Largest detector the pattern accumulators hold ([`ACC_WORDS`] u32 per
+/// pixel in one 128 MiB binding).
 pub const MAX_PIXELS: usize = 8 << 20;
+/// u32 words of one accumulator in the kernels: (lo, hi, -, -) for exact
+/// sums, a [`Neumaier`] state for floats.
+pub const ACC_WORDS: usize = 4;
 /// Bytes of per-frame accumulators per batch of blocks.
 pub const ACC_LIMIT: usize = 32 << 20;
 /// Bytes of segment partials per pass.
@@ -46,7 +49,7 @@ pub enum Weight {
 pub enum Source {
     /// u16 counts or scaled codes, summed exactly.
     Exact { u8_limit: bool },
-    /// float32 from two u16 lanes, Kahan-summed.
+    /// float32 from two u16 lanes, summed by the [`Neumaier`] rule.
     Float,
 }
 
@@ -219,7 +222,7 @@ impl Plan {
     /// List entries per segment: at least 64, more when the partials of
     /// `products` would exceed [`PARTIAL_LIMIT`].
     pub fn seg_len(&self, products: usize) -> usize {
-        let per_entry = 8 * products * self.m;
+        let per_entry = 4 * ACC_WORDS * products * self.m;
         let most_segments = (PARTIAL_LIMIT / per_entry.max(1)).max(1);
         self.max_count.div_ceil(most_segments).max(64)
     }
@@ -385,9 +388,9 @@ pub fn fault_error(file: &QemFile, r: FaultRecord) -> ReduceError {
 }
 
 /// Runs of consecutive blocks whose per-frame accumulators (`products`
-/// values of 8 bytes per frame) fit [`ACC_LIMIT`]; at least one block each.
+/// accumulators per frame) fit [`ACC_LIMIT`]; at least one block each.
 pub fn batches(file: &QemFile, blocks: Range<usize>, products: usize) -> Vec<Range<usize>> {
-    let most_frames = (ACC_LIMIT / (8 * products.max(1))).max(1);
+    let most_frames = (ACC_LIMIT / (4 * ACC_WORDS * products.max(1))).max(1);
     let mut out = Vec::new();
     let mut b = blocks.start;
     while b < blocks.end {
@@ -486,8 +489,9 @@ pub struct ReduceParams {
     pub desc_base: u32,
     pub frame0: u32,
     pub batch_frames: u32,
-    /// Always 1.0; the kernels multiply Kahan sums by it so that compilers
-    /// which reassociate float arithmetic cannot drop the compensation.
+    /// Always 1.0; the kernels multiply running sums and weighted terms by
+    /// it so that compilers which reassociate or fuse float arithmetic can
+    /// neither drop the compensation nor fuse a product into a sum.
     pub one: f32,
     pub pad: [u32; 3],
 }
@@ -692,7 +696,7 @@ impl Call {
             }
             let seg_len = plan.seg_len(n_prod).max(plan.max_count.div_ceil(65535));
             let segments = plan.max_count.div_ceil(seg_len).max(1);
-            partial_bytes = partial_bytes.max((n_prod * segments * m * 8) as u64);
+            partial_bytes = partial_bytes.max((n_prod * segments * m * 4 * ACC_WORDS) as u64);
             layouts.insert(
                 m,
                 PlanLayout {
@@ -771,9 +775,14 @@ impl Call {
         }
     }
 
-    /// Bytes of the per-frame accumulators (`products` pairs per frame).
+    /// Bytes of the per-frame accumulators (`products` per frame).
     pub fn acc_bytes(&self) -> u64 {
-        (self.products.count() * self.batch_frames_max * 8) as u64
+        (self.products.count() * self.batch_frames_max * 4 * ACC_WORDS) as u64
+    }
+
+    /// Bytes of the pattern sum accumulators (one per pixel).
+    pub fn pattern_sum_bytes(&self, pixels: usize) -> u64 {
+        (pixels * 4 * ACC_WORDS) as u64
     }
 }
 
@@ -795,16 +804,17 @@ impl Gathered {
         }
     }
 
-    /// Adds one batch's accumulators: per product, `batch_frames` pairs
-    /// (lo, hi) or Kahan (s, c).
+    /// Adds one batch's accumulators: per product, `batch_frames` of
+    /// [`ACC_WORDS`] words each.
     pub fn push_batch(&mut self, words: &[u32], batch_frames: usize) {
+        let w = ACC_WORDS;
         for k in 0..self.exact.len() {
-            let part = &words[2 * k * batch_frames..2 * (k + 1) * batch_frames];
-            for pair in part.chunks_exact(2) {
+            let part = &words[w * k * batch_frames..w * (k + 1) * batch_frames];
+            for a in part.chunks_exact(w) {
                 if self.float {
-                    self.floats[k].push(f32::from_bits(pair[0]));
+                    self.floats[k].push(float_value(a));
                 } else {
-                    self.exact[k].push(u64::from(pair[0]) | (u64::from(pair[1]) << 32));
+                    self.exact[k].push(exact_value(a));
                 }
             }
         }
@@ -818,8 +828,9 @@ impl Gathered {
         }
     }
 
-    /// The partial, with the pattern accumulators (two words per pixel
-    /// each) when the request asked for a pattern.
+    /// The partial, with the pattern accumulators ([`ACC_WORDS`] words per
+    /// pixel for the sum, two for the maximum) when the request asked for
+    /// a pattern.
     pub fn finish(
         mut self,
         file: &QemFile,
@@ -842,7 +853,12 @@ impl Gathered {
         let pattern = pattern.map(|(sums, maxes)| {
             if self.float {
                 Pattern {
-                    sum: Values::Float((0..p_count).map(|p| f32::from_bits(sums[2 * p])).collect()),
+                    sum: Values::Float(
+                        sums.chunks_exact(ACC_WORDS)
+                            .take(p_count)
+                            .map(float_value)
+                            .collect(),
+                    ),
                     max: Values::Float(
                         (0..p_count)
                             .map(|p| {
@@ -860,14 +876,10 @@ impl Gathered {
             } else {
                 Pattern {
                     sum: Values::Exact(
-                        (0..p_count)
-                            .map(|p| {
-                                if valid(p) {
-                                    u64::from(sums[2 * p]) | (u64::from(sums[2 * p + 1]) << 32)
-                                } else {
-                                    0
-                                }
-                            })
+                        sums.chunks_exact(ACC_WORDS)
+                            .take(p_count)
+                            .enumerate()
+                            .map(|(p, a)| if valid(p) { exact_value(a) } else { 0 })
                             .collect(),
                     ),
                     max: Values::Exact(
@@ -884,6 +896,16 @@ impl Gathered {
             pattern,
         }
     }
+}
+
+/// The float32 value of a kernel's float accumulator.
+fn float_value(words: &[u32]) -> f32 {
+    Neumaier::from_words([words[0], words[1], words[2], words[3]]).value()
+}
+
+/// The u64 of a kernel's exact accumulator.
+fn exact_value(words: &[u32]) -> u64 {
+    u64::from(words[0]) | (u64::from(words[1]) << 32)
 }
 
 /// Initial pattern maximum words: 0 for integers, (-inf, no NaN) for floats.

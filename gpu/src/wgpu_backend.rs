@@ -8,9 +8,9 @@
 //! scratch buffer of at most 32 MiB that is reused pass after pass, and
 //! `reduce.wgsl` reduces it there; the whole cube is never expanded on the
 //! device. Integer products are exact (u64 as u32 pairs); float products
-//! are Kahan-compensated float32 in an order that differs from the CPU's,
-//! so they agree with the CPU reference within the tolerance documented in
-//! the crate root, not bit for bit.
+//! follow the CPU's summation rule ([`qemfs::reduce::Neumaier`]) step for
+//! step, in an order that differs from the CPU's, so they agree with the
+//! CPU reference within the tolerance documented in the crate root.
 
 use std::ops::Range;
 use std::sync::{mpsc, Arc, Mutex};
@@ -372,13 +372,13 @@ impl Wgpu {
             self.queue
                 .write_buffer(&background, 0, bytemuck::cast_slice(bg));
         }
-        let pattern_bytes = if request.pattern {
-            p_count as u64 * 8
+        let (sum_bytes, max_bytes) = if request.pattern {
+            (call.pattern_sum_bytes(p_count), p_count as u64 * 8)
         } else {
-            8
+            (16, 8)
         };
-        let pattern_sum = self.storage("pattern sum", pattern_bytes);
-        let pattern_max = self.storage("pattern max", pattern_bytes);
+        let pattern_sum = self.storage("pattern sum", sum_bytes);
+        let pattern_max = self.storage("pattern max", max_bytes);
         if request.pattern {
             let init = plan::pattern_max_init(call, p_count);
             self.queue
@@ -461,7 +461,7 @@ impl Wgpu {
             // Faults first: values of a batch with a faulty stream are never used.
             decoder.check_faults(self, file, call)?;
             if n_prod > 0 {
-                let bytes = (n_prod * batch_frames * 8) as u64;
+                let bytes = (n_prod * batch_frames * 4 * plan::ACC_WORDS) as u64;
                 let mut enc = self.device.create_command_encoder(&Default::default());
                 enc.copy_buffer_to_buffer(&acc, 0, &acc_read, 0, bytes);
                 self.queue.submit([enc.finish()]);
@@ -470,14 +470,14 @@ impl Wgpu {
         }
         let pattern = if request.pattern {
             let mut enc = self.device.create_command_encoder(&Default::default());
-            let read_sum = self.readback("pattern sum read", pattern_bytes);
-            let read_max = self.readback("pattern max read", pattern_bytes);
-            enc.copy_buffer_to_buffer(&pattern_sum, 0, &read_sum, 0, pattern_bytes);
-            enc.copy_buffer_to_buffer(&pattern_max, 0, &read_max, 0, pattern_bytes);
+            let read_sum = self.readback("pattern sum read", sum_bytes);
+            let read_max = self.readback("pattern max read", max_bytes);
+            enc.copy_buffer_to_buffer(&pattern_sum, 0, &read_sum, 0, sum_bytes);
+            enc.copy_buffer_to_buffer(&pattern_max, 0, &read_max, 0, max_bytes);
             self.queue.submit([enc.finish()]);
             Some((
-                self.read_words(&read_sum, pattern_bytes)?,
-                self.read_words(&read_max, pattern_bytes)?,
+                self.read_words(&read_sum, sum_bytes)?,
+                self.read_words(&read_max, max_bytes)?,
             ))
         } else {
             None

@@ -951,3 +951,289 @@ fn float_sums_are_compensated() {
         );
     }
 }
+
+/// Counts whose frame sums exceed 2^24: the virtual images a GPU backend
+/// computes through the planner are uint64 and equal plain u64 sums, the
+/// mean pattern and centre of mass equal the exact totals divided once in
+/// binary64, and all of them equal the CPU's bit for bit.
+#[test]
+fn count_images_above_two_to_the_24_are_exact_on_the_gpu() {
+    use qemfs::reduce::geometry::{mask, Shape};
+    use qemfs::reduce::{Image, Reducer};
+    for gpu in backends() {
+        let (frames, rows, columns) = (10usize, 40usize, 36usize);
+        let p_count = rows * columns;
+        let mut rnd = xorshift(0x2424);
+        let values: Vec<u32> = (0..frames * p_count)
+            .map(|_| 60001 + 2 * (rnd() % 2000) as u32)
+            .collect();
+        let f = generate(
+            Kind::U16,
+            [2, 5, rows as u64, columns as u64],
+            Some(3),
+            &values,
+            None,
+        );
+        let masks = [
+            PixelSet::new((0..p_count as u32).collect()),
+            mask([rows, columns], [19.5, 17.5], Shape::Disk { radius: 15.0 }),
+            mask(
+                [rows, columns],
+                [19.5, 17.5],
+                Shape::Annulus {
+                    inner: 4.0,
+                    outer: 100.0,
+                },
+            ),
+        ];
+        let on_gpu = Reducer::new(&f, gpu as &dyn Accelerator).unwrap();
+        let on_cpu = Reducer::new(&f, &Cpu).unwrap();
+        let images = on_gpu.images(&masks).unwrap();
+        for (set, image) in masks.iter().zip(&images) {
+            let want: Vec<u64> = (0..frames)
+                .map(|t| {
+                    set.pixels()
+                        .iter()
+                        .map(|&p| u64::from(values[t * p_count + p as usize]))
+                        .sum()
+                })
+                .collect();
+            assert!(want.iter().any(|&s| s > 1 << 24 && s as f32 as u64 != s));
+            assert_eq!(image, &Image::U64(want), "{}", gpu.name());
+        }
+        assert_eq!(images, on_cpu.images(&masks).unwrap());
+        let full = on_gpu.full().unwrap();
+        for p in 0..p_count {
+            let s: u64 = (0..frames)
+                .map(|t| u64::from(values[t * p_count + p]))
+                .sum();
+            assert_eq!(full.mean_dp.get(p), Some(s as f64 / frames as f64));
+        }
+        for t in 0..frames {
+            let frame = &values[t * p_count..(t + 1) * p_count];
+            let total: u64 = frame.iter().map(|&v| u64::from(v)).sum();
+            let col: u64 = (0..p_count)
+                .map(|p| (p % columns) as u64 * u64::from(frame[p]))
+                .sum();
+            assert_eq!(full.com[1].get(t), Some(col as f64 / total as f64));
+        }
+        assert_eq!(full, on_cpu.full().unwrap());
+    }
+}
+
+/// The exact sum of float32 terms rounded once to float32 (NaN where a
+/// NaN or both infinities are summed, else an infinity summed): Shewchuk's
+/// exact partials in binary64, as Python's `math.fsum`; binary64 cannot
+/// overflow on float32 terms, so the only overflow is the final rounding.
+fn exact_f32_sum(terms: impl Iterator<Item = f32>) -> f32 {
+    let (mut pos, mut neg, mut nan) = (false, false, false);
+    let mut partials: Vec<f64> = Vec::new();
+    for v in terms {
+        if v.is_nan() {
+            nan = true;
+            continue;
+        }
+        if v.is_infinite() {
+            (pos, neg) = (pos || v > 0.0, neg || v < 0.0);
+            continue;
+        }
+        let mut x = f64::from(v);
+        let mut kept = 0;
+        for i in 0..partials.len() {
+            let mut y = partials[i];
+            if x.abs() < y.abs() {
+                std::mem::swap(&mut x, &mut y);
+            }
+            let hi = x + y;
+            let lo = y - (hi - x);
+            if lo != 0.0 {
+                partials[kept] = lo;
+                kept += 1;
+            }
+            x = hi;
+        }
+        partials.truncate(kept);
+        partials.push(x);
+    }
+    match (nan || (pos && neg), pos, neg) {
+        (true, _, _) => f32::NAN,
+        (_, true, _) => f32::INFINITY,
+        (_, _, true) => f32::NEG_INFINITY,
+        _ => partials.iter().rev().sum::<f64>() as f32,
+    }
+}
+
+/// Equal as float32 results: both NaN, or within 1e-6 of the magnitude of
+/// the terms below 2^126 (±FLT_MAX terms are carried exactly).
+fn same_sum(got: f32, want: f32, terms: &[f32]) -> bool {
+    if got.is_nan() || want.is_nan() {
+        return got.is_nan() && want.is_nan();
+    }
+    if got == want {
+        return true;
+    }
+    let small: f64 = terms
+        .iter()
+        .filter(|v| v.abs() < 2f32.powi(126))
+        .map(|&v| f64::from(v).abs())
+        .sum();
+    (f64::from(got) - f64::from(want)).abs() <= 1e-6 * small.max(1.0) + 1e-6 * f64::from(want).abs()
+}
+
+/// A float32 acquisition whose frames hold ±FLT_MAX beside ordinary
+/// values, infinities and NaN, laid out so that masked sums overflow, cancel
+/// back into range, or keep a small term beside the largest floats.
+fn extreme_floats() -> ([usize; 4], Vec<f32>) {
+    let shape = [4, 6, 8, 8];
+    let p = 64;
+    let mut next = xorshift(0xf1f1);
+    let mut v: Vec<f32> = (0..24 * p)
+        .map(|_| (next() % 2001) as f32 * 0.01 - 10.0)
+        .collect();
+    let big = f32::MAX;
+    for (frame, pixel, value) in [
+        (0, 9, big),
+        (0, 27, big), // overflows: +inf
+        (1, 9, big),
+        (1, 27, big),
+        (1, 36, -big), // back in range
+        (2, 9, big),
+        (2, 10, -6.03),
+        (2, 54, -big), // cancels, keeps -6.03
+        (3, 20, f32::INFINITY),
+        (4, 21, f32::NAN),
+        (5, 9, f32::INFINITY),
+        (5, 10, f32::NEG_INFINITY),
+        (6, 9, -big),
+        (6, 27, -big), // -inf
+        (7, 9, -big),
+        (8, 9, big),
+        (9, 9, big),
+        (10, 9, big),
+    ] {
+        v[frame * p + pixel] = value;
+    }
+    (shape, v)
+}
+
+/// ±FLT_MAX beside ordinary values, infinities and NaN: every mask sum and
+/// the pattern sum equal the exact reference (rounded once to float32) and
+/// the CPU's bit for bit; sums that overflow are ±inf, never NaN.
+#[test]
+fn float_extremes_match_the_exact_reference_and_the_cpu() {
+    for gpu in backends() {
+        let (shape, values) = extreme_floats();
+        let bits: Vec<u32> = values.iter().map(|v| v.to_bits()).collect();
+        let f = generate(Kind::Float, shape.map(|s| s as u64), None, &bits, None);
+        let (frames, p) = (24, 64);
+        let req = Request {
+            masks: vec![
+                PixelSet::new((0..64).collect()),
+                disk(8, 8, 2.5),
+                PixelSet::new(vec![9, 10, 27, 36, 54]),
+                PixelSet::new((0..64).filter(|q| q % 3 != 0).collect()),
+            ],
+            moments: true,
+            pattern: true,
+            background: None,
+        };
+        let all = 0..f.blocks().len();
+        let got = gpu.reduce(&f, all.clone(), &req).unwrap();
+        let cpu = Cpu.reduce(&f, all, &req).unwrap();
+        // Bit for bit (NaN equal to NaN).
+        let same = |a: &Values, b: &Values| match (a, b) {
+            (Values::Float(a), Values::Float(b)) => {
+                a.len() == b.len()
+                    && a.iter()
+                        .zip(b)
+                        .all(|(x, y)| x.to_bits() == y.to_bits() || (x.is_nan() && y.is_nan()))
+            }
+            _ => false,
+        };
+        for (k, (a, b)) in got.masks.iter().zip(&cpu.masks).enumerate() {
+            assert!(same(a, b), "{}: mask {k}: {a:?} vs {b:?}", gpu.name());
+        }
+        let sums = |part: &Partial| part.pattern.as_ref().map(|p| p.sum.clone());
+        let (a, b) = (sums(&got).unwrap(), sums(&cpu).unwrap());
+        assert!(same(&a, &b), "{}: pattern sum: {a:?} vs {b:?}", gpu.name());
+        for (k, (set, v)) in req.masks.iter().zip(&got.masks).enumerate() {
+            let Values::Float(v) = v else { panic!() };
+            for t in 0..frames {
+                let terms: Vec<f32> = set
+                    .pixels()
+                    .iter()
+                    .map(|&q| values[t * p + q as usize])
+                    .collect();
+                let want = exact_f32_sum(terms.iter().copied());
+                assert!(
+                    same_sum(v[t], want, &terms),
+                    "{}: mask {k} frame {t}: {} vs {want}",
+                    gpu.name(),
+                    v[t]
+                );
+            }
+        }
+        let Some(Values::Float(sum)) = sums(&got) else {
+            panic!()
+        };
+        for q in 0..p {
+            let terms: Vec<f32> = (0..frames).map(|t| values[t * p + q]).collect();
+            let want = exact_f32_sum(terms.iter().copied());
+            assert!(
+                same_sum(sum[q], want, &terms),
+                "pixel {q}: {} vs {want}",
+                sum[q]
+            );
+        }
+        // The moments' totals are the whole-detector masks.
+        let total = got.moments.as_ref().map(|m| m.total.clone()).unwrap();
+        assert!(same(&total, &got.masks[0]));
+    }
+}
+
+/// The masked centre of mass is planned as row and column mask sums, so a
+/// GPU backend gives the CPU's values exactly for counts, and a float64
+/// reference's.
+#[test]
+fn masked_centre_of_mass_equals_the_cpu_and_a_reference() {
+    use qemfs::reduce::geometry::{mask, Shape};
+    use qemfs::reduce::Reducer;
+    for gpu in backends() {
+        let (frames, rows, columns) = (12usize, 30usize, 34usize);
+        let p_count = rows * columns;
+        let mut rnd = xorshift(0xc0c0);
+        let values: Vec<u32> = (0..frames * p_count)
+            .map(|_| (rnd() % 900) as u32)
+            .collect();
+        let f = generate(
+            Kind::U16,
+            [3, 4, rows as u64, columns as u64],
+            Some(5),
+            &values,
+            None,
+        );
+        let center = [14.5, 16.0];
+        // 2·21 + 1 rows and columns: more masks than one CPU request holds.
+        let set = mask([rows, columns], center, Shape::Disk { radius: 21.0 });
+        let got = Reducer::new(&f, gpu as &dyn Accelerator)
+            .unwrap()
+            .masked_com(&set, center)
+            .unwrap();
+        let cpu = Reducer::new(&f, &Cpu)
+            .unwrap()
+            .masked_com(&set, center)
+            .unwrap();
+        assert_eq!(got, cpu, "{}", gpu.name());
+        for t in 0..frames {
+            let (mut total, mut mr, mut mc) = (0f64, 0f64, 0f64);
+            for &p in set.pixels() {
+                let v = f64::from(values[t * p_count + p as usize]);
+                total += v;
+                mr += ((p as usize / columns) as f64 - center[0]) * v;
+                mc += ((p as usize % columns) as f64 - center[1]) * v;
+            }
+            let (r, c) = (got[0].get(t).unwrap(), got[1].get(t).unwrap());
+            assert!((r - mr / total).abs() < 1e-12 && (c - mc / total).abs() < 1e-12);
+        }
+    }
+}

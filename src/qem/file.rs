@@ -33,6 +33,13 @@ enum Source {
 }
 
 impl Source {
+    fn faults(&self) -> u64 {
+        match self {
+            Source::Mapped(m) => m.faults(),
+            Source::Owned(_) => 0,
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match self {
             Source::Mapped(m) => m,
@@ -228,6 +235,13 @@ impl QemFile {
                 limit: self.frames(),
             })
     }
+    /// SIGBUS faults absorbed in this file's mapping (see
+    /// [`crate::mapguard`]): a reader compares it before and after its
+    /// work and reports the file as changed when it moved.
+    pub fn faults(&self) -> u64 {
+        self.source.faults()
+    }
+
     pub fn file_bytes(&self) -> usize {
         self.source.bytes().len()
     }

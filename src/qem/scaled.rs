@@ -26,9 +26,9 @@ impl Region {
     }
 
     /// A masked sum over `n` pixels whose codes add up to `code_sum`,
-    /// calibrated once as the format defines.
-    pub fn sum_value(&self, code_sum: u64, n: u64) -> f32 {
-        (self.scale * code_sum as f64 + self.offset * n as f64) as f32
+    /// calibrated once (in binary64) as the format defines.
+    pub fn sum_value(&self, code_sum: u64, n: u64) -> f64 {
+        self.scale * code_sum as f64 + self.offset * n as f64
     }
 }
 

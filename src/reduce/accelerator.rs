@@ -2,7 +2,7 @@
 //!
 //! An [`Accelerator`] reduces the *stored* values of a run of blocks: integer
 //! counts and the scaled codec's codes as exact integers, float32 lanes
-//! joined to float32 with compensated (Kahan) float32 sums. Everything that
+//! joined to float32 with compensated float32 sums ([`super::Neumaier`]). Everything that
 //! is the same for every backend (planning which pixels a mask needs, the
 //! spatial-sum shortcut, calibration of scaled codes, centre-of-mass
 //! division, mean subtraction, float32 rounding of exact results) happens in

@@ -11,7 +11,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::accelerator::{Accelerator, Moments, Partial, Pattern, ReduceError, Request, Values};
-use super::kahan::Kahan;
+use super::neumaier::Neumaier;
 use crate::qem::{Codec, PixelValues, QemError, QemFile};
 
 /// Reductions on the CPU, in parallel with rayon.
@@ -235,7 +235,7 @@ fn reduce_float(
     // value was seen. Each pixel's values are added in frame order by the
     // task that decodes its group, so results do not depend on the number
     // of threads.
-    let mut pattern = vec![(Kahan::default(), 0f32, false); plan.pixels.len()];
+    let mut pattern = vec![(Neumaier::default(), 0f32, false); plan.pixels.len()];
     let background = request.background.as_deref();
     let value = |bits: u32, p: usize| {
         let v = f32::from_bits(bits);
@@ -254,8 +254,8 @@ fn reduce_float(
                 let PixelValues::F32Bits(cols) = decoded.values else {
                     unreachable!("the float codec decodes to bits");
                 };
-                let mut sums = vec![Kahan::default(); masks * m];
-                let mut mom = vec![Kahan::default(); if request.moments { 3 * m } else { 0 }];
+                let mut sums = vec![Neumaier::default(); masks * m];
+                let mut mom = vec![Neumaier::default(); if request.moments { 3 * m } else { 0 }];
                 for (((col, &p), &bits), (sum, max, seen)) in cols
                     .chunks_exact(m.max(1))
                     .zip(pixels)
@@ -293,18 +293,18 @@ fn reduce_float(
                 Ok((sums, mom))
             })
             .collect::<Result<Vec<_>, QemError>>()?;
-        let mut sums = vec![Kahan::default(); masks * m];
-        let mut mom = vec![Kahan::default(); if request.moments { 3 * m } else { 0 }];
+        let mut sums = vec![Neumaier::default(); masks * m];
+        let mut mom = vec![Neumaier::default(); if request.moments { 3 * m } else { 0 }];
         for (s, mo) in parts {
             sums.iter_mut().zip(s).for_each(|(a, b)| a.merge(b));
             mom.iter_mut().zip(mo).for_each(|(a, b)| a.merge(b));
         }
         for (i, acc) in mask_sums.iter_mut().enumerate() {
-            acc.extend(sums[i * m..(i + 1) * m].iter().map(Kahan::value));
+            acc.extend(sums[i * m..(i + 1) * m].iter().map(Neumaier::value));
         }
         if request.moments {
             for (k, acc) in moments.iter_mut().enumerate() {
-                acc.extend(mom[k * m..(k + 1) * m].iter().map(Kahan::value));
+                acc.extend(mom[k * m..(k + 1) * m].iter().map(Neumaier::value));
             }
         }
     }
@@ -331,13 +331,15 @@ fn reduce_float(
     })
 }
 
-/// The maximum with NaN propagating; the first value seen replaces the
-/// initial 0 (a pattern of negative values keeps its maximum).
+/// The maximum with NaN propagating as the canonical quiet NaN (payloads
+/// differ between backends; the GPU kernels keep only a NaN flag); the
+/// first value seen replaces the initial 0 (a pattern of negative values
+/// keeps its maximum).
 fn nan_max(current: f32, v: f32, seen: bool) -> f32 {
-    if !seen || v.is_nan() || current.is_nan() {
-        if current.is_nan() && seen {
-            return current;
-        }
+    if v.is_nan() || (seen && current.is_nan()) {
+        return f32::NAN;
+    }
+    if !seen {
         return v;
     }
     current.max(v)

@@ -3,7 +3,12 @@
 //!
 //! Pixel centres sit at integer `(row, column)`; a disk of radius `r` about
 //! `(cy, cx)` holds the pixels at distance `d ≤ r`, an annulus those with
-//! `ri ≤ d ≤ ro` (compared as squares, exactly in binary64).
+//! `ri ≤ d ≤ ro`. A centre within [`EDGE_TOLERANCE`] (1e-9 pixels) of an
+//! edge is *on* it, so radii computed in floating point (the distance to
+//! the farthest pixel) do not drop the pixels that define them. Which edges
+//! belong to a mask is the [`Edges`] convention: both (ours, the default),
+//! the outer only (LiberTEM: the inner edge excluded), or neither
+//! (py4DSTEM); a disk follows its outer edge.
 //!
 //! **Finding the disk** ([`find_disk`]), from a mean pattern:
 //! 1. smooth with a 3×3 median over valid neighbours (a hot pixel cannot win);
@@ -36,11 +41,93 @@ pub enum Shape {
     Annulus { inner: f64, outer: f64 },
 }
 
-/// The pixels of `shape` about `center` on a `rows × columns` detector.
+/// A pixel centre this close to an edge (in pixels) is on it.
+pub const EDGE_TOLERANCE: f64 = 1e-9;
+
+/// Which edges of a disk or annulus belong to it, so results can be
+/// reproduced across tools.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Edges {
+    /// Both edges included: `ri ≤ d ≤ ro`, disk `d ≤ r` (qemfs).
+    #[default]
+    Inclusive,
+    /// The inner edge excluded: `ri < d ≤ ro`, disk `d ≤ r` (LiberTEM's
+    /// ring and disk masks).
+    Libertem,
+    /// Both excluded: `ri < d < ro`, disk `d < r` (py4DSTEM's virtual
+    /// detectors).
+    Py4dstem,
+}
+
+impl Edges {
+    /// The name used by `--mask-edges` and `detectors.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Edges::Inclusive => "inclusive",
+            Edges::Libertem => "libertem",
+            Edges::Py4dstem => "py4dstem",
+        }
+    }
+
+    /// The rule in words, for `detectors.json`.
+    pub fn rule(self) -> &'static str {
+        match self {
+            Edges::Inclusive => "disk: d <= r; annulus: inner <= d <= outer",
+            Edges::Libertem => "disk: d <= r; annulus: inner < d <= outer (LiberTEM)",
+            Edges::Py4dstem => "disk: d < r; annulus: inner < d < outer (py4DSTEM)",
+        }
+    }
+
+    /// Whether distance `d` lies inside `[inner, outer]` under this rule,
+    /// a distance within [`EDGE_TOLERANCE`] of an edge being on it.
+    fn holds(self, d: f64, inner: Option<f64>, outer: f64) -> bool {
+        let (keep_inner, keep_outer) = match self {
+            Edges::Inclusive => (true, true),
+            Edges::Libertem => (false, true),
+            Edges::Py4dstem => (false, false),
+        };
+        let above_inner = inner.is_none_or(|ri| {
+            if keep_inner {
+                d >= ri - EDGE_TOLERANCE
+            } else {
+                d > ri + EDGE_TOLERANCE
+            }
+        });
+        let below_outer = if keep_outer {
+            d <= outer + EDGE_TOLERANCE
+        } else {
+            d < outer - EDGE_TOLERANCE
+        };
+        above_inner && below_outer
+    }
+}
+
+impl std::str::FromStr for Edges {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [Edges::Inclusive, Edges::Libertem, Edges::Py4dstem]
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| {
+                format!(
+                    "unknown mask-edge convention {s:?}; expected inclusive, libertem or py4dstem"
+                )
+            })
+    }
+}
+
+/// The pixels of `shape` about `center` on a `rows × columns` detector,
+/// both edges included.
 pub fn mask(detector: [usize; 2], center: [f64; 2], shape: Shape) -> PixelSet {
-    let (lo, hi) = match shape {
-        Shape::Disk { radius } => (f64::NEG_INFINITY, radius * radius),
-        Shape::Annulus { inner, outer } => (inner * inner, outer * outer),
+    mask_with(detector, center, shape, Edges::Inclusive)
+}
+
+/// The pixels of `shape` about `center` under the `edges` convention.
+pub fn mask_with(detector: [usize; 2], center: [f64; 2], shape: Shape, edges: Edges) -> PixelSet {
+    let (inner, outer) = match shape {
+        Shape::Disk { radius } => (None, radius),
+        Shape::Annulus { inner, outer } => (Some(inner), outer),
     };
     let [rows, columns] = detector;
     let mut pixels = Vec::new();
@@ -48,13 +135,55 @@ pub fn mask(detector: [usize; 2], center: [f64; 2], shape: Shape) -> PixelSet {
         let dy = r as f64 - center[0];
         for c in 0..columns {
             let dx = c as f64 - center[1];
-            let d2 = dy * dy + dx * dx;
-            if lo <= d2 && d2 <= hi {
+            // The distance itself (correctly rounded), not its square:
+            // the tolerance is in pixels at every radius.
+            let d = (dy * dy + dx * dx).sqrt();
+            if edges.holds(d, inner, outer) {
                 pixels.push((r * columns + c) as u32);
             }
         }
     }
     PixelSet::new(pixels)
+}
+
+/// Bins of a radial profile on `detector`: one per whole pixel of
+/// distance up to the longest distance between two pixel centres, so any
+/// centre on the detector fits.
+pub fn radial_bins(detector: [usize; 2]) -> usize {
+    let [rows, columns] = detector;
+    let far = ((rows.max(1) - 1) as f64).hypot((columns.max(1) - 1) as f64);
+    far.ceil() as usize + 1
+}
+
+/// The mean of `pattern` over the valid pixels of each ring `k ≤ d < k + 1`
+/// about `center` ([`radial_bins`] of them; a distance within
+/// [`EDGE_TOLERANCE`] of `k + 1` is in ring `k + 1`); NaN for an empty ring.
+/// Pixels beyond the last ring (a centre off the detector) are left out.
+pub fn radial_profile(
+    pattern: &[f64],
+    detector: [usize; 2],
+    center: [f64; 2],
+    valid: impl Fn(usize) -> bool,
+) -> Vec<f64> {
+    let bins = radial_bins(detector);
+    let [_, columns] = detector;
+    let mut sum = vec![0f64; bins];
+    let mut count = vec![0usize; bins];
+    for (p, &v) in pattern.iter().enumerate().filter(|&(p, _)| valid(p)) {
+        let (dy, dx) = (
+            (p / columns) as f64 - center[0],
+            (p % columns) as f64 - center[1],
+        );
+        let k = ((dy * dy + dx * dx).sqrt() + EDGE_TOLERANCE).floor() as usize;
+        if k < bins {
+            sum[k] += v;
+            count[k] += 1;
+        }
+    }
+    sum.iter()
+        .zip(&count)
+        .map(|(&s, &n)| if n == 0 { f64::NAN } else { s / n as f64 })
+        .collect()
 }
 
 /// The bright-field disk found in a pattern.
@@ -206,6 +335,8 @@ pub struct DetectorOptions {
     pub abf: Option<[f64; 2]>,
     pub adf: Option<[f64; 2]>,
     pub haadf: Option<[f64; 2]>,
+    /// Which mask edges belong to the masks.
+    pub edges: Edges,
 }
 
 /// How the centre and bright-field radius were chosen.
@@ -229,6 +360,7 @@ pub struct Geometry {
     pub adf: [f64; 2],
     pub haadf: [f64; 2],
     pub origin: Origin,
+    pub edges: Edges,
 }
 
 /// Blocks sampled for the mean pattern that locates the disk.
@@ -269,24 +401,27 @@ impl Geometry {
             adf: options.adf.unwrap_or(adf),
             haadf: options.haadf.unwrap_or(haadf),
             origin,
+            edges: options.edges,
         })
     }
 
     /// The masks of `bf`, `abf`, `adf`, `haadf`, in that order.
     pub fn masks(&self) -> [PixelSet; 4] {
         let annulus = |[inner, outer]: [f64; 2]| Shape::Annulus { inner, outer };
+        let m = |shape| self.mask(shape);
         [
-            mask(
-                self.detector,
-                self.center,
-                Shape::Disk {
-                    radius: self.bf_radius,
-                },
-            ),
-            mask(self.detector, self.center, annulus(self.abf)),
-            mask(self.detector, self.center, annulus(self.adf)),
-            mask(self.detector, self.center, annulus(self.haadf)),
+            m(Shape::Disk {
+                radius: self.bf_radius,
+            }),
+            m(annulus(self.abf)),
+            m(annulus(self.adf)),
+            m(annulus(self.haadf)),
         ]
+    }
+
+    /// Any detector's pixels under this geometry's edge convention.
+    pub fn mask(&self, shape: Shape) -> PixelSet {
+        mask_with(self.detector, self.center, shape, self.edges)
     }
 
     /// The `detectors.json` document.
@@ -315,7 +450,9 @@ impl Geometry {
         };
         json!({
             "units": "detector pixels",
-            "convention": "pixel centres at integer (row, column); disk: d <= r; annulus: inner <= d <= outer",
+            "convention": "pixel centres at integer (row, column); a centre within 1e-9 pixels of an edge is on it",
+            "mask_edges": self.edges.name(),
+            "mask_edge_rule": self.edges.rule(),
             "detector_shape": self.detector,
             "center": self.center,
             "bright_field_radius": self.bf_radius,
@@ -366,6 +503,54 @@ mod tests {
         );
         assert_eq!(ring.pixels(), &[7, 11, 13, 17]);
         assert!(mask([4, 4], [1.5, 1.5], Shape::Disk { radius: 0.5 }).is_empty());
+    }
+
+    #[test]
+    fn the_default_haadf_of_a_7x7_detector_gets_its_28_pixels() {
+        // The fallback geometry of a flat 7×7 pattern: centre (3, 3), R = 1.
+        let detector = [7, 7];
+        let (center, radius) = fallback(detector);
+        let [_, _, haadf] = default_annuli(detector, center, radius);
+        // The outer radius is √18 in floating point; its square is
+        // 17.999999999999996 < 18, the corners' squared distance.
+        assert!(haadf[1] * haadf[1] < 18.0);
+        let ring = mask(
+            detector,
+            center,
+            Shape::Annulus {
+                inner: haadf[0],
+                outer: haadf[1],
+            },
+        );
+        // Independent count: integer offsets with d >= a, all of them
+        // within the farthest corner.
+        let want = (-3i32..=3)
+            .flat_map(|y| (-3i32..=3).map(move |x| f64::from(y * y + x * x)))
+            .filter(|&d2| d2.sqrt() >= haadf[0])
+            .count();
+        assert_eq!((ring.len(), want), (28, 28));
+        assert!(ring.pixels().contains(&0) && ring.pixels().contains(&48));
+    }
+
+    #[test]
+    fn edge_conventions_of_other_tools() {
+        // Centre (2, 2) of 5×5: distances 0, 1, √2, 2, √5, √8; the radii
+        // fall on the pixel centres at d = 1 and d = 2, off by rounding.
+        let (inner, outer) = (1.0 + 1e-12, 2.0 - 1e-12);
+        let count = |edges, shape| mask_with([5, 5], [2.0, 2.0], shape, edges).len();
+        let ring = Shape::Annulus { inner, outer };
+        let disk = Shape::Disk { radius: outer };
+        // Independent counts by distance: d=1 has 4 pixels, √2 4, d=2 4.
+        assert_eq!(count(Edges::Inclusive, ring), 4 + 4 + 4);
+        assert_eq!(count(Edges::Libertem, ring), 4 + 4);
+        assert_eq!(count(Edges::Py4dstem, ring), 4);
+        assert_eq!(count(Edges::Inclusive, disk), 1 + 4 + 4 + 4);
+        assert_eq!(count(Edges::Libertem, disk), 1 + 4 + 4 + 4);
+        assert_eq!(count(Edges::Py4dstem, disk), 1 + 4 + 4);
+        for e in [Edges::Inclusive, Edges::Libertem, Edges::Py4dstem] {
+            assert_eq!(e.name().parse::<Edges>(), Ok(e));
+        }
+        assert!("both".parse::<Edges>().is_err());
     }
 
     #[test]

@@ -10,11 +10,13 @@
 pub mod accelerator;
 mod cpu;
 pub mod geometry;
-mod kahan;
+pub mod idpc;
+mod neumaier;
 mod products;
 
 pub use accelerator::{
     Accelerator, Moments, Partial, Pattern, PixelSet, ReduceError, Request, Values,
 };
 pub use cpu::Cpu;
-pub use products::{mean_subtracted, Full, MaxPattern, Reducer};
+pub use neumaier::Neumaier;
+pub use products::{image_kinds, mean_subtracted, Full, Image, ImageKind, MaxPattern, Reducer};

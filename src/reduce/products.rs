@@ -12,6 +12,10 @@ use std::ops::Range;
 use super::accelerator::{Accelerator, PixelSet, ReduceError, Request, Values};
 use crate::qem::{Codec, Dtype, QemFile, Region, Tile};
 
+/// Masks per backend request (the CPU reference's limit; the GPU
+/// backends take more).
+const MASKS_PER_REQUEST: usize = 64;
+
 /// Computes products of one file with one backend.
 pub struct Reducer<'a> {
     file: &'a QemFile,
@@ -19,13 +23,80 @@ pub struct Reducer<'a> {
     background: Option<Vec<f32>>,
 }
 
+/// The values of one product in the dtype it is served as: exact `u64`
+/// sums of counts, `f64` where counts or scaled codes are divided or
+/// calibrated (computed from exact integers and rounded once), compensated
+/// `f32` for float32 measurements.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Image {
+    U64(Vec<u64>),
+    F64(Vec<f64>),
+    F32(Vec<f32>),
+}
+
+impl Image {
+    pub fn len(&self) -> usize {
+        match self {
+            Image::U64(v) => v.len(),
+            Image::F64(v) => v.len(),
+            Image::F32(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Value `i` in binary64 (exact for every variant up to 2^53).
+    pub fn get(&self, i: usize) -> Option<f64> {
+        match self {
+            Image::U64(v) => v.get(i).map(|&x| x as f64),
+            Image::F64(v) => v.get(i).copied(),
+            Image::F32(v) => v.get(i).map(|&x| f64::from(x)),
+        }
+    }
+
+    /// Every value in binary64.
+    pub fn to_f64(&self) -> Vec<f64> {
+        (0..self.len()).filter_map(|i| self.get(i)).collect()
+    }
+
+    /// Little-endian bytes of the values, as an `.npy` body holds them.
+    pub fn le_bytes(&self) -> Vec<u8> {
+        match self {
+            Image::U64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Image::F64(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+            Image::F32(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
+        }
+    }
+}
+
+/// The kind of [`Image`] a file's products have: `[images, means]`, the
+/// first for masked sums, the second for centre of mass and mean pattern.
+/// Known from the codec alone, so sizes are known before any decoding.
+pub fn image_kinds(codec: Codec) -> [ImageKind; 2] {
+    match codec {
+        Codec::Integer => [ImageKind::U64, ImageKind::F64],
+        Codec::Scaled => [ImageKind::F64, ImageKind::F64],
+        Codec::Float => [ImageKind::F32, ImageKind::F32],
+    }
+}
+
+/// The element type of an [`Image`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageKind {
+    U64,
+    F64,
+    F32,
+}
+
 /// The products that need every pixel of every frame.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Full {
     /// Absolute centre of mass per frame, `[row, column]`; NaN where the
     /// frame's total is 0 or not finite.
-    pub com: [Vec<f32>; 2],
-    pub mean_dp: Vec<f32>,
+    pub com: [Image; 2],
+    pub mean_dp: Image,
     pub max_dp: MaxPattern,
 }
 
@@ -86,8 +157,73 @@ impl<'a> Reducer<'a> {
         }
     }
 
-    /// Virtual images: per mask, one float32 value per frame.
-    pub fn images(&self, masks: &[PixelSet]) -> Result<Vec<Vec<f32>>, ReduceError> {
+    /// Virtual images: per mask, one value per frame (exact `u64` for
+    /// counts, `f64` for scaled codes, compensated `f32` for floats).
+    pub fn images(&self, masks: &[PixelSet]) -> Result<Vec<Image>, ReduceError> {
+        // Backends take at most MASKS_PER_REQUEST masks at a time.
+        let mut out = Vec::with_capacity(masks.len());
+        for group in masks.chunks(MASKS_PER_REQUEST) {
+            out.extend(self.images_at_once(group)?);
+        }
+        Ok(out)
+    }
+
+    /// The centre of mass inside `mask`, relative to `center`: per frame
+    /// `[Σ (row − cy)·I / Σ I, Σ (column − cx)·I / Σ I]` over the mask's
+    /// valid pixels; NaN where the masked total is 0 or not finite.
+    ///
+    /// The moments are sums of the mask's rows and columns as virtual
+    /// images (`Σ row·I = Σ_k k · S_k`, `S_k` the sum over the mask's row
+    /// `k`), so they come from the same planned sums as any detector on
+    /// every backend, exact for counts, and are combined in binary64
+    /// (float32 images of float sources are rounded back once).
+    pub fn masked_com(&self, mask: &PixelSet, center: [f64; 2]) -> Result<[Image; 2], ReduceError> {
+        let [_, columns] = self.detector();
+        let columns = columns.max(1);
+        let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        let mut cols: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
+        for &p in mask.pixels() {
+            rows.entry(p as usize / columns).or_default().push(p);
+            cols.entry(p as usize % columns).or_default().push(p);
+        }
+        let row_index: Vec<usize> = rows.keys().copied().collect();
+        let col_index: Vec<usize> = cols.keys().copied().collect();
+        let sets: Vec<PixelSet> = rows
+            .into_values()
+            .chain(cols.into_values())
+            .map(PixelSet::new)
+            .collect();
+        let images = self.images(&sets)?;
+        let (by_row, by_col) = images.split_at(row_index.len());
+        let n = self.file.frames();
+        let float = self.file.codec() == Codec::Float;
+        let com = |parts: &[Image], index: &[usize], origin: f64| -> Image {
+            let values = (0..n).map(|f| {
+                let (mut total, mut moment) = (0f64, 0f64);
+                for (image, &k) in parts.iter().zip(index) {
+                    let v = image.get(f).unwrap_or(f64::NAN);
+                    total += v;
+                    moment += k as f64 * v;
+                }
+                if total == 0.0 || !total.is_finite() || !moment.is_finite() {
+                    f64::NAN
+                } else {
+                    moment / total - origin
+                }
+            });
+            if float {
+                Image::F32(values.map(|v| v as f32).collect())
+            } else {
+                Image::F64(values.collect())
+            }
+        };
+        Ok([
+            com(by_row, &row_index, center[0]),
+            com(by_col, &col_index, center[1]),
+        ])
+    }
+
+    fn images_at_once(&self, masks: &[PixelSet]) -> Result<Vec<Image>, ReduceError> {
         let blocks = 0..self.file.blocks().len();
         match self.file.codec() {
             Codec::Integer => self.integer_images(masks),
@@ -100,7 +236,7 @@ impl<'a> Reducer<'a> {
                 out.masks
                     .into_iter()
                     .map(|v| match v {
-                        Values::Float(v) => Ok(v),
+                        Values::Float(v) => Ok(Image::F32(v)),
                         Values::Exact(_) => Err(mismatch(self.accelerator)),
                     })
                     .collect()
@@ -120,10 +256,12 @@ impl<'a> Reducer<'a> {
                             return Err(mismatch(self.accelerator));
                         };
                         let n = mask.len() as u64;
-                        Ok(per_frame(regions, sums.len())
-                            .zip(sums)
-                            .map(|(region, s)| region.sum_value(s, n))
-                            .collect())
+                        Ok(Image::F64(
+                            per_frame(regions, sums.len())
+                                .zip(sums)
+                                .map(|(region, s)| region.sum_value(s, n))
+                                .collect(),
+                        ))
                     })
                     .collect()
             }
@@ -182,7 +320,7 @@ impl<'a> Reducer<'a> {
         }
     }
 
-    fn integer_images(&self, masks: &[PixelSet]) -> Result<Vec<Vec<f32>>, ReduceError> {
+    fn integer_images(&self, masks: &[PixelSet]) -> Result<Vec<Image>, ReduceError> {
         let p_count = self.file.pixels();
         let plans: Vec<TilePlan> = masks
             .iter()
@@ -260,11 +398,11 @@ impl<'a> Reducer<'a> {
                     } else {
                         part
                     };
-                    image.push(value as f32);
+                    image.push(value);
                 }
             }
         }
-        Ok(images)
+        Ok(images.into_iter().map(Image::U64).collect())
     }
 
     /// The mean pattern (background subtracted) over up to `max_blocks`
@@ -341,17 +479,19 @@ impl<'a> Reducer<'a> {
                 let out = self.accelerator.reduce(file, all, &request)?;
                 let [total, row, column, sum, max] = self.full_parts(out, Values::exact)?;
                 check_lengths(self.accelerator, &[(&total, n), (&sum, p_count)])?;
-                let com = |m: &[u64]| -> Vec<f32> {
-                    m.iter()
-                        .zip(&total)
-                        .map(|(&m, &t)| {
-                            if t == 0 {
-                                f32::NAN
-                            } else {
-                                (m as f64 / t as f64) as f32
-                            }
-                        })
-                        .collect()
+                let com = |m: &[u64]| -> Image {
+                    Image::F64(
+                        m.iter()
+                            .zip(&total)
+                            .map(|(&m, &t)| {
+                                if t == 0 {
+                                    f64::NAN
+                                } else {
+                                    m as f64 / t as f64
+                                }
+                            })
+                            .collect(),
+                    )
                 };
                 let max_dp = match file.decoded_dtype() {
                     Dtype::U8 => MaxPattern::U8(max.iter().map(|&v| v.min(255) as u8).collect()),
@@ -359,7 +499,7 @@ impl<'a> Reducer<'a> {
                 };
                 Ok(Full {
                     com: [com(&row), com(&column)],
-                    mean_dp: sum.iter().map(|&s| (s as f64 / n as f64) as f32).collect(),
+                    mean_dp: Image::F64(sum.iter().map(|&s| s as f64 / n as f64).collect()),
                     max_dp,
                 })
             }
@@ -367,24 +507,27 @@ impl<'a> Reducer<'a> {
                 let out = self.accelerator.reduce(file, all, &request)?;
                 let [total, row, column, sum, max] = self.full_parts(out, Values::float)?;
                 check_lengths(self.accelerator, &[(&total, n), (&sum, p_count)])?;
-                let com = |m: &[f32]| -> Vec<f32> {
-                    m.iter()
-                        .zip(&total)
-                        .map(|(&m, &t)| {
-                            if t == 0.0 || !t.is_finite() || !m.is_finite() {
-                                f32::NAN
-                            } else {
-                                m / t
-                            }
-                        })
-                        .collect()
+                let com = |m: &[f32]| -> Image {
+                    Image::F32(
+                        m.iter()
+                            .zip(&total)
+                            .map(|(&m, &t)| {
+                                if t == 0.0 || !t.is_finite() || !m.is_finite() {
+                                    f32::NAN
+                                } else {
+                                    m / t
+                                }
+                            })
+                            .collect(),
+                    )
                 };
                 Ok(Full {
                     com: [com(&row), com(&column)],
-                    mean_dp: sum
-                        .iter()
-                        .map(|&s| (f64::from(s) / n as f64) as f32)
-                        .collect(),
+                    mean_dp: Image::F32(
+                        sum.iter()
+                            .map(|&s| (f64::from(s) / n as f64) as f32)
+                            .collect(),
+                    ),
                     max_dp: MaxPattern::F32(max),
                 })
             }
@@ -420,9 +563,9 @@ impl<'a> Reducer<'a> {
                 let t = s * total[k] as f64 + o * p_count as f64;
                 let c = |moment: u64, index_sum: f64| {
                     if t == 0.0 || !t.is_finite() {
-                        f32::NAN
+                        f64::NAN
                     } else {
-                        ((s * moment as f64 + o * index_sum) / t) as f32
+                        (s * moment as f64 + o * index_sum) / t
                     }
                 };
                 com[0].push(c(row[k], sum_rows));
@@ -433,30 +576,30 @@ impl<'a> Reducer<'a> {
                 max[q] = max[q].max(region.value(top[q].min(65535) as u16));
             }
         }
+        let [row, column] = com;
         Ok(Full {
-            com,
-            mean_dp: mean.iter().map(|&v| (v / n as f64) as f32).collect(),
+            com: [Image::F64(row), Image::F64(column)],
+            mean_dp: Image::F64(mean.iter().map(|&v| v / n as f64).collect()),
             max_dp: MaxPattern::F32(max),
         })
     }
 }
 
-/// Subtracts the mean of the finite values (in binary64, rounded once):
-/// the DPC convention for centre-of-mass images. NaN stays NaN.
-pub fn mean_subtracted(values: &[f32]) -> Vec<f32> {
-    let finite: Vec<f64> = values
-        .iter()
-        .filter(|v| v.is_finite())
-        .map(|&v| f64::from(v))
-        .collect();
+/// Subtracts the mean of the finite values (in binary64; float32 images
+/// are rounded back once): the DPC convention for centre-of-mass images.
+/// NaN stays NaN.
+pub fn mean_subtracted(image: &Image) -> Image {
+    let values = image.to_f64();
+    let finite: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
     if finite.is_empty() {
-        return values.to_vec();
+        return image.clone();
     }
     let mean = finite.iter().sum::<f64>() / finite.len() as f64;
-    values
-        .iter()
-        .map(|&v| (f64::from(v) - mean) as f32)
-        .collect()
+    let centred = values.iter().map(|&v| v - mean);
+    match image {
+        Image::F32(_) => Image::F32(centred.map(|v| v as f32).collect()),
+        _ => Image::F64(centred.collect()),
+    }
 }
 
 fn mismatch(accelerator: &dyn Accelerator) -> ReduceError {
@@ -579,7 +722,7 @@ mod tests {
             },
         );
         let images = reducer.images(&[ring.clone(), disk.clone()]).unwrap();
-        assert_eq!(images[0], vec![ring.len() as f32; 2]);
-        assert_eq!(images[1], vec![disk.len() as f32; 2]);
+        assert_eq!(images[0], Image::U64(vec![ring.len() as u64; 2]));
+        assert_eq!(images[1], Image::U64(vec![disk.len() as u64; 2]));
     }
 }

@@ -30,6 +30,13 @@ pub(crate) enum Image {
 }
 
 impl Image {
+    fn faults(&self) -> u64 {
+        match self {
+            Image::Owned(_) => 0,
+            Image::Mapped(m) => m.faults(),
+        }
+    }
+
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Image::Owned(v) => v,
@@ -148,6 +155,12 @@ impl Encoding {
     }
 
     /// The complete file image (what [`Encoding::write`] stores).
+    /// SIGBUS faults absorbed in this state's mapping (see
+    /// [`crate::mapguard`]).
+    pub fn faults(&self) -> u64 {
+        self.inner.image.faults()
+    }
+
     pub fn image(&self) -> &[u8] {
         self.bytes()
     }

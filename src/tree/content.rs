@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use super::TreeError;
-use crate::mapguard;
 
 /// A virtual file: its size is fixed when the node is created (from
 /// headers, never by decoding), and `read_at` fills `buf` from `offset`.
@@ -55,7 +54,9 @@ type Producer = Box<dyn Fn() -> Result<Vec<u8>, TreeError> + Send + Sync>;
 
 /// Bytes whose size is known in advance but whose content is computed on
 /// the first read (a digest of the decoded array, a preview image) and then
-/// kept. A failed computation is not kept, so a later read retries.
+/// kept. A failed computation is not kept, so a later read retries; a
+/// producer that reads a memory-mapped source must fail when that mapping
+/// faulted while it ran.
 pub struct Lazy {
     size: u64,
     produce: Producer,
@@ -78,11 +79,9 @@ impl Lazy {
         if let Some(v) = self.value.get() {
             return Ok(v);
         }
-        let faults = mapguard::faults();
+        // A producer that reads a mapping checks that mapping's own fault
+        // count (QemView::block, the virtual products, the .semq views).
         let bytes = (self.produce)()?;
-        if mapguard::faults() != faults {
-            return Err(TreeError::SourceChanged);
-        }
         if bytes.len() as u64 != self.size {
             // The announced size is a promise to every reader already
             // holding it; breaking it silently would corrupt their copy.

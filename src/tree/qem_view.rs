@@ -65,7 +65,7 @@ impl QemView {
             codes,
         };
         self.cache.get_or_load(&key, || {
-            let faults = mapguard::faults();
+            let faults = self.file.faults();
             let info = self
                 .file
                 .blocks()
@@ -84,7 +84,7 @@ impl QemView {
                     .map_err(|e| self.decode_error(e))?;
                 out
             };
-            if mapguard::faults() != faults {
+            if self.file.faults() != faults {
                 return Err(self.decode_error(mapguard::CHANGED));
             }
             Ok(Arc::new(bytes))

@@ -1,13 +1,15 @@
 //! `NAME.qem/virtual/`: virtual detector images, centre of mass, mean and
-//! maximum patterns, each as `.npy` with an 8-bit `.png` preview (and the
-//! float32 images as calibrated `.tiff`), and `detectors.json` with the
-//! geometry used.
+//! maximum patterns, each as `.npy` with an 8-bit `.png` preview, and
+//! `detectors.json` with the geometry used.
 //!
 //! Sizes come from the header; values are computed on first read through
 //! [`crate::reduce`] and kept (they are small). The four default images
 //! are computed together, as are the products that need every pixel
-//! (centre of mass, mean and maximum pattern). `disk-CY-CX-R.npy` and
-//! `annulus-CY-CX-RI-RO.npy` (and `.png`) are made on lookup, not listed.
+//! (centre of mass, mean and maximum pattern), and from them the DPC
+//! magnitude and angle and the radial profile of the mean pattern.
+//! `disk-CY-CX-R.npy`, `annulus-CY-CX-RI-RO.npy`, `point-R-C.npy` and the
+//! masked centre of mass `com-CY-CX-R_row.npy` / `_col.npy` (and `.png`)
+//! are made on lookup, not listed, and kept for repeated reads.
 
 use std::collections::BTreeMap;
 use std::num::NonZeroUsize;
@@ -19,11 +21,15 @@ use super::content::Lazy;
 use super::qem_view::QemView;
 use super::{Directory, Entry, TreeError};
 use crate::export::png;
-use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::npy::{self, DType};
 use crate::qem::{Codec, Dtype, Tile};
-use crate::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
-use crate::reduce::{mean_subtracted, Accelerator, Full, MaxPattern, Reducer};
+use crate::reduce::geometry::{
+    mask_with, radial_bins, radial_profile, DetectorOptions, Geometry, Shape,
+};
+use crate::reduce::{
+    idpc, image_kinds, mean_subtracted, Accelerator, Full, Image, ImageKind, MaxPattern, PixelSet,
+    Reducer,
+};
 
 /// `detectors.json` is padded with spaces to this size: its size must be
 /// known before the disk is found.
@@ -64,9 +70,9 @@ struct Products {
     options: DetectorOptions,
     geometry: Shared<Geometry>,
     /// `bf`, `abf`, `adf`, `haadf`.
-    images: Shared<[Vec<f32>; 4]>,
+    images: Shared<[Image; 4]>,
     full: Shared<Full>,
-    sums: Shared<Vec<u64>>,
+    sums: Shared<Image>,
 }
 
 impl Products {
@@ -78,40 +84,69 @@ impl Products {
         Reducer::new(self.view.file(), &*self.accelerator).map_err(|e| self.fail(e))
     }
 
-    fn geometry(&self) -> Result<Arc<Geometry>, TreeError> {
-        self.geometry
-            .get(|| Geometry::resolve(&self.reducer()?, &self.options).map_err(|e| self.fail(e)))
+    /// Runs `make`, refusing its result when this file's mapping faulted
+    /// meanwhile (the source was truncated and read as zeros), so that no
+    /// product of a changed file is kept.
+    fn guarded<T>(&self, make: impl FnOnce() -> Result<T, TreeError>) -> Result<T, TreeError> {
+        let faults = self.view.file().faults();
+        let value = make()?;
+        if self.view.file().faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
+        Ok(value)
     }
 
-    fn images(&self) -> Result<Arc<[Vec<f32>; 4]>, TreeError> {
+    fn geometry(&self) -> Result<Arc<Geometry>, TreeError> {
+        self.geometry.get(|| {
+            self.guarded(|| {
+                Geometry::resolve(&self.reducer()?, &self.options).map_err(|e| self.fail(e))
+            })
+        })
+    }
+
+    fn images(&self) -> Result<Arc<[Image; 4]>, TreeError> {
         self.images.get(|| {
-            let masks = self.geometry()?.masks();
-            let images = self.reducer()?.images(&masks).map_err(|e| self.fail(e))?;
-            images
-                .try_into()
-                .map_err(|_| TreeError::Internal("four images expected".into()))
+            self.guarded(|| {
+                let masks = self.geometry()?.masks();
+                let images = self.reducer()?.images(&masks).map_err(|e| self.fail(e))?;
+                images
+                    .try_into()
+                    .map_err(|_| TreeError::Internal("four images expected".into()))
+            })
         })
     }
 
     fn full(&self) -> Result<Arc<Full>, TreeError> {
         self.full
-            .get(|| self.reducer()?.full().map_err(|e| self.fail(e)))
+            .get(|| self.guarded(|| self.reducer()?.full().map_err(|e| self.fail(e))))
     }
 
-    /// Total valid counts per scan from the 32×32 spatial sums: exact, and
-    /// no stream is decoded.
-    fn sums(&self) -> Result<Arc<Vec<u64>>, TreeError> {
+    /// The sum of every valid pixel per scan. Counts: from the 32×32
+    /// spatial sums, exact, and no stream is decoded. Float32 and scaled
+    /// files: a whole-detector virtual image (decoded; compensated float32,
+    /// background subtracted, or exact codes calibrated once in float64).
+    fn sums(&self) -> Result<Arc<Image>, TreeError> {
         self.sums.get(|| {
-            let file = self.view.file();
-            let [_, _, r, c] = file.shape();
-            let (gr, gc) = Tile::Px32.grid(r, c);
-            let sums = file
-                .spatial_sums(Tile::Px32, 0..file.frames())
-                .map_err(|e| self.fail(e))?;
-            Ok(sums
-                .chunks((gr * gc).max(1))
-                .map(|t| t.iter().map(|&v| u64::from(v)).sum())
-                .collect())
+            self.guarded(|| {
+                let file = self.view.file();
+                if file.codec() != Codec::Integer {
+                    let all = PixelSet::new((0..file.pixels() as u32).collect());
+                    let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
+                    return images
+                        .pop()
+                        .ok_or_else(|| TreeError::Internal("one image expected".into()));
+                }
+                let [_, _, r, c] = file.shape();
+                let (gr, gc) = Tile::Px32.grid(r, c);
+                let sums = file
+                    .spatial_sums(Tile::Px32, 0..file.frames())
+                    .map_err(|e| self.fail(e))?;
+                Ok(Image::U64(
+                    sums.chunks((gr * gc).max(1))
+                        .map(|t| t.iter().map(|&v| u64::from(v)).sum())
+                        .collect(),
+                ))
+            })
         })
     }
 
@@ -120,6 +155,23 @@ impl Products {
         let mut doc = geometry.to_json();
         doc["backend"] = self.accelerator.name().into();
         doc["background_subtracted"] = self.reducer()?.has_background().into();
+        doc["sum"] = serde_json::json!({
+            "file": "sum.npy",
+            "what": "per scan position, the sum of every valid detector pixel",
+            "how": match self.view.file().codec() {
+                Codec::Integer => "exact uint64 counts from the spatial index (no decoding)",
+                Codec::Float => "decoded float32, background subtracted, compensated float32 sum",
+                Codec::Scaled => "exact sums of the decoded codes, calibrated once in float64",
+            },
+        });
+        doc["on_lookup"] = serde_json::json!({
+            "disk-CY-CX-R.npy, annulus-CY-CX-RI-RO.npy": "any other detector, same edge rule",
+            "point-R-C.npy": "detector pixel (R, C) per scan position",
+            "com-CY-CX-R_row.npy, com-CY-CX-R_col.npy": "centre of mass inside the disk, minus (CY, CX); NaN where its total is 0",
+        });
+        doc["radial_profile"] = "radial_profile.npy: mean of mean_dp over valid pixels with k <= d < k+1 about the centre; NaN for empty rings".into();
+        doc["idpc"] = "idpc.npy: Fourier integration of (com_row, com_col) over the scan (periodic least squares, mean 0, NaN taken as 0), in detector pixels times scan steps".into();
+        doc["dpc"] = "dpc_magnitude = hypot(com_row, com_col), dpc_angle = atan2(com_row, com_col) in radians, of the mean-subtracted centre of mass".into();
         doc["centre_of_mass"] = serde_json::json!({
             "files": ["com_row.npy", "com_col.npy"],
             "origin": "zero-based detector (row, column), minus the scan mean of the finite values",
@@ -148,11 +200,11 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
 /// An `.npy` of `shape` whose data bytes `data` produces.
 fn npy_file(
     dtype: DType,
-    shape: [usize; 2],
+    shape: &[usize],
     data: impl Fn() -> Result<Vec<u8>, TreeError> + Send + Sync + 'static,
 ) -> Entry {
-    let header = npy::encode_header(dtype, &shape);
-    let size = header.len() + dtype.size() * shape[0] * shape[1];
+    let header = npy::encode_header(dtype, shape);
+    let size = header.len() + dtype.size() * shape.iter().product::<usize>();
     Entry::File(Arc::new(Lazy::new(size as u64, move || {
         let mut out = header.clone();
         out.extend_from_slice(&data()?);
@@ -172,47 +224,59 @@ fn png_file(
     )))
 }
 
-/// A float32 TIFF that carries the image's sampling (scan step or detector
-/// sampling), so Fiji and hyperspy show it to scale.
-fn tiff_file(
-    shape: [usize; 2],
-    sampling: &Sampling,
-    values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + 'static,
-) -> Option<Entry> {
-    // A 2-D image always fits (axes are below 2^24).
-    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling)?;
-    Some(Entry::File(Arc::new(Lazy::new(
-        layout.total_len(),
-        move || {
-            let mut pixels = f32_bytes(&values()?);
-            pixels.resize(layout.page_data_len() as usize, 0);
-            let mut out = Vec::with_capacity(layout.total_len() as usize);
-            layout
-                .write(&mut out, |_, w| std::io::Write::write_all(w, &pixels))
-                .map_err(|e| TreeError::Internal(e.to_string()))?;
-            Ok(out)
-        },
-    ))))
+/// The `.npy` element type of an image kind.
+fn npy_dtype(kind: ImageKind) -> DType {
+    match kind {
+        ImageKind::U64 => DType::U64,
+        ImageKind::F64 => DType::F64,
+        ImageKind::F32 => DType::F32,
+    }
 }
 
-/// A float32 image as `NAME.npy`, `NAME.tiff` and `NAME.png`.
+/// The `.npy` of an image whose kind is known before it is computed; a
+/// value of another kind is an internal error, not a wrong-sized file.
+fn image_npy(
+    kind: ImageKind,
+    shape: [usize; 2],
+    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
+) -> Entry {
+    npy_file(npy_dtype(kind), &shape, move || {
+        let image = values()?;
+        let got = match *image {
+            Image::U64(_) => ImageKind::U64,
+            Image::F64(_) => ImageKind::F64,
+            Image::F32(_) => ImageKind::F32,
+        };
+        if got != kind || image.len() != shape[0] * shape[1] {
+            return Err(TreeError::Internal(format!(
+                "an image of {got:?} × {} where {kind:?} × {} was announced",
+                image.len(),
+                shape[0] * shape[1]
+            )));
+        }
+        Ok(image.le_bytes())
+    })
+}
+
+/// An image as `NAME.npy` (in its kind's dtype) and `NAME.png`.
 fn image_pair(
     entries: &mut BTreeMap<String, Entry>,
     name: &str,
     shape: [usize; 2],
-    sampling: &Sampling,
-    values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + Clone + 'static,
+    kind: ImageKind,
+    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + Clone + 'static,
 ) {
     let v = values.clone();
+    entries.insert(format!("{name}.npy"), image_npy(kind, shape, v));
     entries.insert(
-        format!("{name}.npy"),
-        npy_file(DType::F32, shape, move || Ok(f32_bytes(&v()?))),
+        format!("{name}.png"),
+        png_file(shape, move || Ok(preview_values(&*values()?))),
     );
-    let v = values.clone();
-    if let Some(tiff) = tiff_file(shape, sampling, v) {
-        entries.insert(format!("{name}.tiff"), tiff);
-    }
-    entries.insert(format!("{name}.png"), png_file(shape, values));
+}
+
+/// An image's values for an 8-bit preview.
+fn preview_values(image: &Image) -> Vec<f32> {
+    image.to_f64().into_iter().map(|v| v as f32).collect()
 }
 
 /// The `virtual/` directory.
@@ -221,6 +285,19 @@ pub(super) struct VirtualDir {
     fixed: BTreeMap<String, Entry>,
     /// Custom detectors looked up recently (so repeated reads reuse them).
     custom: Mutex<LruCache<String, Entry>>,
+    /// Masked centres of mass (row and column) by disk.
+    coms: Mutex<LruCache<String, Arc<Shared<[Image; 2]>>>>,
+}
+
+/// How a looked-up product computes its image (once, then kept).
+type ImageSource = Box<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync>;
+
+/// The virtual image of one mask.
+fn one_image(p: &Products, set: PixelSet) -> Result<Image, TreeError> {
+    let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
+    images
+        .pop()
+        .ok_or_else(|| TreeError::Internal("one image expected".into()))
 }
 
 pub(super) fn directory(
@@ -231,9 +308,9 @@ pub(super) fn directory(
     let file = view.file();
     let [sr, sc, r, c] = file.shape();
     let (scan, detector) = ([sr, sc], [r, c]);
-    let (scan_sampling, detector_sampling) = (Sampling::scan_image(file), Sampling::frame(file));
     let codec = file.codec();
     let decoded = file.decoded_dtype();
+    let [sum_kind, mean_kind] = image_kinds(codec);
     let p = Arc::new(Products {
         view,
         accelerator,
@@ -253,42 +330,62 @@ pub(super) fn directory(
             move || q.detectors_json(),
         ))),
     );
-    if codec == Codec::Integer {
-        let q = Arc::clone(&p);
-        entries.insert(
-            "sum.npy".into(),
-            npy_file(DType::U64, scan, move || {
-                Ok(q.sums()?.iter().flat_map(|s| s.to_le_bytes()).collect())
-            }),
-        );
-        let q = Arc::clone(&p);
-        entries.insert(
-            "sum.png".into(),
-            png_file(scan, move || {
-                Ok(q.sums()?.iter().map(|&s| s as f32).collect())
-            }),
-        );
-    }
+    let q = Arc::clone(&p);
+    image_pair(&mut entries, "sum", scan, sum_kind, move || q.sums());
     for (k, name) in ["bf", "abf", "adf", "haadf"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, &scan_sampling, move || {
-            Ok(q.images()?[k].clone())
+        image_pair(&mut entries, name, scan, sum_kind, move || {
+            Ok(Arc::new(q.images()?[k].clone()))
         });
     }
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
         let q = Arc::clone(&p);
-        image_pair(&mut entries, name, scan, &scan_sampling, move || {
-            Ok(mean_subtracted(&q.full()?.com[k]))
+        image_pair(&mut entries, name, scan, mean_kind, move || {
+            Ok(Arc::new(mean_subtracted(&q.full()?.com[k])))
         });
     }
+    // DPC: the mean-subtracted centre of mass as a vector (column, row).
+    for (name, f) in [
+        ("dpc_magnitude", f64::hypot as fn(f64, f64) -> f64),
+        ("dpc_angle", f64::atan2),
+    ] {
+        let q = Arc::clone(&p);
+        image_pair(&mut entries, name, scan, mean_kind, move || {
+            let full = q.full()?;
+            let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
+            let v = row.iter().zip(&col).map(|(&r, &c)| f(r, c));
+            Ok(Arc::new(match mean_kind {
+                ImageKind::F32 => Image::F32(v.map(|x| x as f32).collect()),
+                _ => Image::F64(v.collect()),
+            }))
+        });
+    }
+    // iDPC: the field whose gradient is the centre-of-mass field.
     let q = Arc::clone(&p);
-    image_pair(
-        &mut entries,
-        "mean_dp",
-        detector,
-        &detector_sampling,
-        move || Ok(q.full()?.mean_dp.clone()),
+    image_pair(&mut entries, "idpc", scan, mean_kind, move || {
+        let full = q.full()?;
+        let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
+        let field = idpc::integrate(&row, &col, scan);
+        Ok(Arc::new(match mean_kind {
+            ImageKind::F32 => Image::F32(field.iter().map(|&x| x as f32).collect()),
+            _ => Image::F64(field),
+        }))
+    });
+    let q = Arc::clone(&p);
+    entries.insert(
+        "radial_profile.npy".into(),
+        npy_file(DType::F64, &[radial_bins(detector)], move || {
+            let geometry = q.geometry()?;
+            let mean = q.full()?.mean_dp.to_f64();
+            let reducer = q.reducer()?;
+            let profile = radial_profile(&mean, detector, geometry.center, |p| reducer.is_valid(p));
+            Ok(profile.iter().flat_map(|v| v.to_le_bytes()).collect())
+        }),
     );
+    let q = Arc::clone(&p);
+    image_pair(&mut entries, "mean_dp", detector, mean_kind, move || {
+        Ok(Arc::new(q.full()?.mean_dp.clone()))
+    });
     let max_dtype = match (codec, decoded) {
         (Codec::Integer, Dtype::U8) => DType::U8,
         (Codec::Integer, _) => DType::U16,
@@ -297,7 +394,7 @@ pub(super) fn directory(
     let q = Arc::clone(&p);
     entries.insert(
         "max_dp.npy".into(),
-        npy_file(max_dtype, detector, move || {
+        npy_file(max_dtype, &detector, move || {
             Ok(match &q.full()?.max_dp {
                 MaxPattern::U8(v) => v.clone(),
                 MaxPattern::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -320,6 +417,7 @@ pub(super) fn directory(
         products: p,
         fixed: entries,
         custom: Mutex::new(LruCache::new(NonZeroUsize::new(64).expect("nonzero"))),
+        coms: Mutex::new(LruCache::new(NonZeroUsize::new(16).expect("nonzero"))),
     })
 }
 
@@ -331,6 +429,54 @@ fn number(text: &str) -> Option<f64> {
         && text.bytes().filter(|&b| b == b'.').count() <= 1
         && text != ".";
     plain.then(|| text.parse().ok()).flatten()
+}
+
+/// A product named on lookup (the stem of its file name).
+#[derive(Debug, Clone, PartialEq)]
+enum Custom {
+    /// `disk-CY-CX-R`, `annulus-CY-CX-RI-RO`.
+    Detector([f64; 2], Shape),
+    /// `com-CY-CX-R_row` / `_col`: the centre of mass inside the disk,
+    /// relative to its centre; `axis` 0 for rows, 1 for columns.
+    Com {
+        center: [f64; 2],
+        radius: f64,
+        axis: usize,
+    },
+    /// `point-R-C`: one detector pixel.
+    Point(usize, usize),
+}
+
+fn custom_product(stem: &str) -> Option<Custom> {
+    if let Some((rest, axis)) = stem
+        .strip_suffix("_row")
+        .map(|r| (r, 0))
+        .or_else(|| stem.strip_suffix("_col").map(|r| (r, 1)))
+    {
+        let values: Vec<f64> = rest
+            .strip_prefix("com-")?
+            .split('-')
+            .map(number)
+            .collect::<Option<_>>()?;
+        return match values.as_slice() {
+            &[cy, cx, radius] => Some(Custom::Com {
+                center: [cy, cx],
+                radius,
+                axis,
+            }),
+            _ => None,
+        };
+    }
+    if let Some(rest) = stem.strip_prefix("point-") {
+        let (r, c) = rest.split_once('-')?;
+        let index = |t: &str| {
+            (!t.is_empty() && t.bytes().all(|b| b.is_ascii_digit()))
+                .then(|| t.parse::<usize>().ok())
+                .flatten()
+        };
+        return Some(Custom::Point(index(r)?, index(c)?));
+    }
+    custom_detector(stem).map(|(center, shape)| Custom::Detector(center, shape))
 }
 
 /// `disk-CY-CX-R` or `annulus-CY-CX-RI-RO` (without the extension).
@@ -353,28 +499,80 @@ impl VirtualDir {
             (_, Some(stem)) => (stem, true),
             _ => return None,
         };
-        let (center, shape) = custom_detector(stem)?;
+        let product = custom_product(stem)?;
         let mut cache = self.custom.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(entry) = cache.get(name) {
             return Some(entry.clone());
         }
         let p = Arc::clone(&self.products);
         let [sr, sc, r, c] = p.view.file().shape();
-        let image = Arc::new(Shared::<Vec<f32>>::new());
-        let values = move || -> Result<Vec<f32>, TreeError> {
-            let image = image.get(|| {
-                let set = mask([r, c], center, shape);
-                let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
-                images
-                    .pop()
-                    .ok_or_else(|| TreeError::Internal("one image expected".into()))
-            })?;
-            Ok(image.as_ref().clone())
+        let [sum_kind, mean_kind] = image_kinds(p.view.file().codec());
+        let image = Arc::new(Shared::<Image>::new());
+        let (kind, values): (ImageKind, ImageSource) = match product {
+            Custom::Detector(center, shape) => (
+                sum_kind,
+                Box::new(move || {
+                    image.get(|| {
+                        p.guarded(|| {
+                            let set = mask_with([r, c], center, shape, p.options.edges);
+                            one_image(&p, set)
+                        })
+                    })
+                }),
+            ),
+            Custom::Point(row, column) => {
+                if row >= r || column >= c {
+                    return None;
+                }
+                (
+                    sum_kind,
+                    Box::new(move || {
+                        image.get(|| {
+                            p.guarded(|| {
+                                one_image(&p, PixelSet::new(vec![(row * c + column) as u32]))
+                            })
+                        })
+                    }),
+                )
+            }
+            Custom::Com {
+                center,
+                radius,
+                axis,
+            } => {
+                // `_row` and `_col` come from one computation.
+                let key = format!("{center:?}-{radius}");
+                let pair = Arc::clone(
+                    self.coms
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get_or_insert(key, || Arc::new(Shared::new())),
+                );
+                (
+                    mean_kind,
+                    Box::new(move || {
+                        let both = pair.get(|| {
+                            p.guarded(|| {
+                                let set = mask_with(
+                                    [r, c],
+                                    center,
+                                    Shape::Disk { radius },
+                                    p.options.edges,
+                                );
+                                p.reducer()?.masked_com(&set, center).map_err(|e| p.fail(e))
+                            })
+                        })?;
+                        Ok(Arc::new(both[axis].clone()))
+                    }),
+                )
+            }
         };
+        let values: Arc<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync> =
+            Arc::from(values);
         let entry = if preview {
-            png_file([sr, sc], values)
+            png_file([sr, sc], move || Ok(preview_values(&*values()?)))
         } else {
-            npy_file(DType::F32, [sr, sc], move || Ok(f32_bytes(&values()?)))
+            image_npy(kind, [sr, sc], move || values())
         };
         cache.put(name.to_string(), entry.clone());
         Some(entry)
@@ -430,6 +628,29 @@ mod tests {
             "ring-1-1-1",
         ] {
             assert_eq!(custom_detector(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn product_names() {
+        assert_eq!(
+            custom_product("com-12-13.5-6_col"),
+            Some(Custom::Com {
+                center: [12.0, 13.5],
+                radius: 6.0,
+                axis: 1
+            })
+        );
+        assert_eq!(custom_product("point-3-40"), Some(Custom::Point(3, 40)));
+        for bad in [
+            "com-1-2_row",
+            "com-1-2-3_x",
+            "point-1",
+            "point-1.5-2",
+            "point--1-2",
+            "com-1-2-3",
+        ] {
+            assert_eq!(custom_product(bad), None, "{bad}");
         }
     }
 }

@@ -196,32 +196,6 @@ def test_mounted_frame_tiff_reads_like_its_npy(examples, mount):
     np.testing.assert_array_equal(got, np.load(frame.with_suffix(".npy")))
 
 
-def test_virtual_image_tiffs_carry_the_scan_step(examples, tmp_path):
-    src = examples / "scan-u16.qem"
-    for name, step, unit in [("bf", 0.5, "angstrom"), ("mean_dp", 0.8, "mrad")]:
-        tiff = tmp_path / f"{name}.tiff"
-        tiff.write_bytes(run("qem", "cat", src, f"virtual/{name}.tiff").stdout)
-        want = np.load(io.BytesIO(run("qem", "cat", src, f"virtual/{name}.npy").stdout))
-        with tifffile.TiffFile(tiff) as tif:
-            assert tif.imagej_metadata["unit"] == unit
-            page = tif.pages.first
-            assert pixel_size(page, "XResolution") == pytest.approx(step)
-            assert pixel_size(page, "YResolution") == pytest.approx(step)
-            got = tif.asarray()
-        assert got.dtype == np.float32
-        np.testing.assert_array_equal(got, want)
-        rsciio_tiff = pytest.importorskip("rsciio.tiff")
-        [signal] = rsciio_tiff.file_reader(str(tiff))
-        assert [a["units"] for a in signal["axes"]] == [unit, unit]
-        assert [a["scale"] for a in signal["axes"]] == pytest.approx([step, step])
-
-
-def test_mounted_virtual_tiff_is_the_cat_bytes(examples, mount):
-    mnt = mount(examples)
-    mounted = (mnt / "scan-u16.qem" / "virtual" / "haadf.tiff").read_bytes()
-    assert mounted == run("qem", "cat", examples / "scan-u16.qem", "virtual/haadf.tiff").stdout
-
-
 def test_cat_data_tiff_is_the_converted_file(examples, tmp_path):
     src = examples / "scan-u16.qem"
     run("qem", "convert", src, tmp_path / "scan.tiff")

@@ -170,6 +170,12 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
     chunk.write_bytes(chunk.read_bytes()[:10])
     refused(tmp_path, corrupt, "chunk 1.1.0.0")
 
+    short = tmp_path / "short.zarr"
+    write_store(short, sample(np.uint16), 3, "none", (2, 3, 6, 9))
+    chunk = short / "c" / "0" / "1" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-2])
+    refused(tmp_path, short, "chunk", "0.1.0.0".replace(".", "/"))
+
     empty = tmp_path / "empty.zarr"
     empty.mkdir()
     refused(tmp_path, empty)
