@@ -599,9 +599,11 @@ fn previews_are_enlarged_copies_of_their_images() {
     let base = "u16-invalid-mask-33x40.qem/virtual";
     let npy_bytes = read(&tree, &format!("{base}/bf.npy"));
     let h = npy::parse_header(&npy_bytes).unwrap();
+    // bf.npy of counts is uint64 (exact sums); the preview shows them as f32.
+    assert_eq!(h.dtype, npy::DType::U64);
     let values: Vec<f32> = npy_bytes[h.data_offset..]
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()) as f32)
         .collect();
     let (rows, columns) = (h.shape[0], h.shape[1]);
     let png_bytes = read(&tree, &format!("{base}/bf.png"));

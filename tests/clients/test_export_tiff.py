@@ -94,6 +94,14 @@ def test_tiff_round_trips_back_to_qem(examples, tmp_path):
     assert a == b
 
 
+def test_tiff_converts_back_to_the_same_qem_array(examples, tmp_path):
+    src = examples / "scan-u16.qem"
+    run("qem", "convert", src, tmp_path / "scan.tiff")
+    run("qem", "convert", tmp_path / "scan.tiff", tmp_path / "direct.qem")
+    a = run("qem", "hash", src).stdout.split()[0]
+    assert run("qem", "hash", tmp_path / "direct.qem").stdout.split()[0] == a
+
+
 def test_rosettasciio_loads_axes_and_scales(examples, tmp_path):
     rsciio_tiff = pytest.importorskip("rsciio.tiff")
     src = examples / "scan-u16.qem"
