@@ -31,5 +31,5 @@ if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1 ' >/dev/null \
   if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
   $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    mesa-vulkan-drivers libvulkan1 libhdf5-dev >/dev/null
+    mesa-vulkan-drivers libvulkan1 libhdf5-dev pkg-config >/dev/null
 fi
