@@ -45,6 +45,10 @@ print("virtual/bf.npy:", bf.shape, bf.dtype, "mean", float(bf.mean()), "| com_ro
       float(np.nanmin(com)), float(np.nanmax(com)))
 f = np.load(f"{mnt}/scan-u16.qem/frames/12/16.npy")
 print("frames/12/16.npy:", f.shape, f.dtype, "max", f.max())
+import xarray as xr
+ds = xr.open_zarr(f"{mnt}/scan-u16.qem/data.zarr", zarr_format=3)
+print("data.zarr (xarray, lazy):", dict(ds["data"].sizes), "chunks", ds["data"].data.chunksize,
+      "scan step", float(ds["scan_row"][1]), ds["scan_row"].attrs["units"])
 v = np.load(f"{mnt}/embeddings.semq/vectors.npy")
 print("embeddings.semq/vectors.npy:", v.shape, v.dtype)
 PY
