@@ -32,7 +32,7 @@ const MAX_DENSE: usize = 64 << 20;
 
 fn shared(sub: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../shared/conformance")
+        .join("tests/fixtures/conformance")
         .join(sub)
 }
 

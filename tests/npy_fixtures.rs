@@ -6,9 +6,10 @@ use std::path::Path;
 
 #[test]
 fn conformance_arrays_parse_with_exact_lengths() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/qem");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conformance/qem");
     let mut seen = 0;
-    for entry in std::fs::read_dir(&dir).expect("shared/conformance/qem beside the project") {
+    for entry in std::fs::read_dir(&dir).expect("tests/fixtures/conformance/qem in the repository")
+    {
         let path = entry.unwrap().path();
         if path.extension().and_then(|e| e.to_str()) != Some("npy") {
             continue;

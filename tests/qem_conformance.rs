@@ -15,7 +15,7 @@ use serde_json::Value;
 fn dir() -> PathBuf {
     Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/qem"
+        "/tests/fixtures/conformance/qem"
     ))
     .to_path_buf()
 }

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 fn fixture(name: &str) -> Vec<u8> {
     let dir = Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/qem"
+        "/tests/fixtures/conformance/qem"
     ));
     std::fs::read(dir.join(format!("{name}.qem"))).unwrap()
 }

@@ -342,7 +342,8 @@ fn calibrated_metadata_matches_the_reference_form() {
         ..Calibration::default()
     };
     let ours = scientific_metadata(shape, &cal).unwrap();
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/qem");
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conformance/qem");
     let file = std::fs::read(dir.join("u8-mixed-13x7.qem")).unwrap();
     let n = u64::from_le_bytes(file[8..16].try_into().unwrap()) as usize;
     let h: Value = serde_json::from_slice(&file[56..56 + n]).unwrap();

@@ -10,7 +10,7 @@ use qemfs::qem::write::{
 use serde_json::{Map, Value};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance/qem")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conformance/qem")
 }
 
 /// Fixtures that no faithful writer reproduces, and why.

@@ -17,7 +17,7 @@ use serde_json::Value;
 fn fixtures() -> Vec<PathBuf> {
     let dir = Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/qem"
+        "/tests/fixtures/conformance/qem"
     ));
     let text = std::fs::read_to_string(dir.join("manifest.json")).expect("conformance manifest");
     let v: Value = serde_json::from_str(&text).unwrap();

@@ -10,7 +10,7 @@ use serde_json::Value;
 fn root() -> PathBuf {
     PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/semq"
+        "/tests/fixtures/conformance/semq"
     ))
 }
 

@@ -277,7 +277,7 @@ fn encoding_many_blocks_matches_building_from_the_same_symbols() {
 fn reader_survives_damaged_fixture_files() {
     let root = std::path::PathBuf::from(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../shared/conformance/semq"
+        "/tests/fixtures/conformance/semq"
     ));
     let mut files = Vec::new();
     for dir in ["files", "diff", "corrupt", "concat", "floor"] {

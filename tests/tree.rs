@@ -10,7 +10,7 @@ use qemfs::tree::{Node, Tree, TreeOptions};
 use serde_json::Value;
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/conformance")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/conformance")
 }
 
 fn folder() -> tempfile::TempDir {

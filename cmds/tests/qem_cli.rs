@@ -8,7 +8,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/qem")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/conformance/qem")
 }
 
 fn qem() -> Command {

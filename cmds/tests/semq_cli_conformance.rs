@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance/semq")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/conformance/semq")
 }
 
 /// Our subcommands, as the top-level usage error lists them.

@@ -31,7 +31,7 @@ fn qem() -> PathBuf {
 }
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/conformance")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/conformance")
 }
 
 fn is_mounted(path: &Path) -> bool {

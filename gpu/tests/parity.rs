@@ -113,7 +113,7 @@ fn backends() -> Vec<&'static dyn BlockDecoder> {
 fn fixtures() -> PathBuf {
     Path::new(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/conformance/qem"
+        "/../tests/fixtures/conformance/qem"
     ))
     .to_path_buf()
 }

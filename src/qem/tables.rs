@@ -124,9 +124,9 @@ mod tests {
     fn matches_the_published_json() {
         let path = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/spec/qem-rans-tables-v1.json"
+            "/tests/fixtures/spec/qem-rans-tables-v1.json"
         );
-        let text = std::fs::read_to_string(path).expect("shared/spec beside the project");
+        let text = std::fs::read_to_string(path).expect("tests/fixtures/spec in the repository");
         let json: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(json["scale_bits"], u64::from(SCALE_BITS));
         let rows = json["frequencies"].as_array().unwrap();

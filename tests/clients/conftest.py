@@ -42,7 +42,7 @@ def run(name: str, *args, check=True, **kwargs) -> subprocess.CompletedProcess:
 
 
 def conformance() -> Path:
-    return REPO.parent / "shared" / "conformance"
+    return REPO / "tests" / "fixtures" / "conformance"
 
 
 @pytest.fixture
