@@ -5,6 +5,8 @@ Run by scripts/test.sh after `cargo test --release` has built the binaries,
 with the virtual environment that scripts/setup.sh makes (.venv/).
 """
 
+import io
+import json
 import os
 import shutil
 import subprocess
@@ -39,6 +41,29 @@ def run(name: str, *args, check=True, **kwargs) -> subprocess.CompletedProcess:
             f"{name} {' '.join(map(str, args))} exited {out.returncode}: {out.stderr.decode(errors='replace')}"
         )
     return out
+
+
+def cat(qem, path, *flags) -> bytes:
+    """One file of a container's virtual tree, through `qem cat`."""
+    return run("qem", "cat", *flags, qem, path).stdout
+
+
+def load(qem, path, *flags):
+    """An `.npy` of a container's virtual tree, through `qem cat`."""
+    import numpy as np
+
+    return np.load(io.BytesIO(cat(qem, path, *flags)))
+
+
+def backends(qem):
+    """`--gpu off`, plus `--gpu wgpu` when an adapter serves it (CI installs
+    Mesa's Vulkan drivers, so there it must)."""
+    info = json.loads(cat(qem, "info.json", "--gpu", "wgpu"))
+    if info["reductions_backend"] != "wgpu":
+        if os.environ.get("CI"):
+            pytest.fail("CI installs Mesa's Vulkan drivers: wgpu must be available")
+        return [["--gpu", "off"]]
+    return [["--gpu", "off"], ["--gpu", "wgpu"]]
 
 
 def conformance() -> Path:

@@ -6,11 +6,7 @@ import json
 
 import numpy as np
 
-from conftest import run
-
-
-def cat(qem, rel):
-    return run("qem", "cat", qem, rel).stdout
+from conftest import cat, run
 
 
 def test_mask_npy_leaves_out_the_invalid_pixels(examples):

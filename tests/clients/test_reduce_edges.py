@@ -8,11 +8,7 @@ import json
 
 import numpy as np
 
-from conftest import run
-
-
-def cat(qem, path, *flags):
-    return run("qem", "cat", *flags, qem, path).stdout
+from conftest import cat, run
 
 
 def convert(tmp_path, name, array):

@@ -11,24 +11,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import REPO, run
-
-
-def cat(qem, path, *flags):
-    return run("qem", "cat", *flags, qem, path).stdout
-
-
-def load(qem, path, *flags):
-    return np.load(io.BytesIO(cat(qem, path, *flags)))
-
-
-def backends(qem):
-    info = json.loads(cat(qem, "info.json", "--gpu", "wgpu"))
-    if info["reductions_backend"] != "wgpu":
-        if os.environ.get("CI"):
-            pytest.fail("CI installs Mesa's Vulkan drivers: wgpu must be available")
-        return [["--gpu", "off"]]
-    return [["--gpu", "off"], ["--gpu", "wgpu"]]
+from conftest import REPO, backends, cat, load, run
 
 
 def test_sum_of_a_float32_acquisition_is_compensated(tmp_path):

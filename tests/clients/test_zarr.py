@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 import zarr
 
-from conftest import REPO, conformance, run
+from conftest import REPO, cat, conformance, load, run
 
 FIXTURES = [
     "u16-invalid-mask-33x40",  # counts with a valid mask, calibrated
@@ -22,14 +22,6 @@ FIXTURES = [
     "scaled-three-regions-9x9",  # calibrated float32 from stored codes
 ]
 DIMS = ("scan_row", "scan_column", "detector_row", "detector_column")
-
-
-def cat(container: Path, rel: str) -> bytes:
-    return run("qem", "cat", container, rel).stdout
-
-
-def load_npy(container: Path, rel: str) -> np.ndarray:
-    return np.load(io.BytesIO(cat(container, rel)))
 
 
 def copy_tree(container: Path, rel: str, dest: Path):
@@ -82,7 +74,7 @@ def copied(tmp_path):
 def test_zarr_copy_reads_back_the_decoded_array(name, copy_fixture, copied):
     container = copy_fixture(f"qem/{name}.qem")
     path = copied(container)
-    expected = load_npy(container, "data.npy")
+    expected = load(container, "data.npy")
     for fmt in (3, 2):
         group = zarr.open_group(str(path), mode="r", zarr_format=fmt)
         data = group["data"]
@@ -91,7 +83,7 @@ def test_zarr_copy_reads_back_the_decoded_array(name, copy_fixture, copied):
         # Bit for bit, NaN payloads and -0.0 included.
         assert got.tobytes() == expected.tobytes(), f"zarr v{fmt}"
         if name.startswith("scaled"):
-            assert np.array_equal(group["codes"][:], load_npy(container, "codes.npy"))
+            assert np.array_equal(group["codes"][:], load(container, "codes.npy"))
         mask = valid_mask(json.loads(cat(container, "header.json")), expected.shape[2:])
         if mask is None:
             assert "mask" not in group
@@ -115,7 +107,7 @@ def test_xarray_sees_named_calibrated_dimensions(copy_fixture, copied):
         assert ds["mask"].dims == DIMS[2:]
         # Zeros are values, not missing data.
         assert not np.isnan(ds["data"].values.astype(np.float64)).any()
-        assert np.array_equal(ds["data"].values, load_npy(container, "data.npy"))
+        assert np.array_equal(ds["data"].values, load(container, "data.npy"))
         qem = ds.attrs["qem"]
         assert qem["codec"] == "runtime-column-rans-spatial-v2"
         assert qem["electron_microscope"]["electron_source/accelerating_voltage"]["value"] == 300.0
