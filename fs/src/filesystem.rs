@@ -117,8 +117,6 @@ pub struct QemFs {
     dirs: Mutex<HashMap<u64, Arc<DirListing>>>,
     next_handle: AtomicU64,
     pool: crate::workers::Workers,
-    uid: u32,
-    gid: u32,
     log: Arc<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -161,14 +159,14 @@ impl QemFs {
             ROOT,
             Inode {
                 path: String::new(),
-                node: Some(Node::SourceDir(tree.root().to_path_buf())),
+                // Resolved afresh each time: a single-file root follows
+                // its file's changes.
+                node: None,
                 version: SystemTime::UNIX_EPOCH,
                 lookups: 1,
             },
         );
         let pool = crate::workers::Workers::new(workers.max(2))?;
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Ok(QemFs {
             tree,
             inodes: Mutex::new(inodes),
@@ -176,17 +174,15 @@ impl QemFs {
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             pool,
-            uid,
-            gid,
             log,
         })
     }
 
     fn file_attr(&self, ino: u64, attr: &Attr) -> FileAttr {
-        let (kind, perm, nlink) = if attr.is_dir {
-            (FileType::Directory, 0o555, 2)
+        let (kind, nlink) = if attr.is_dir {
+            (FileType::Directory, 2)
         } else {
-            (FileType::RegularFile, 0o444, 1)
+            (FileType::RegularFile, 1)
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -197,10 +193,10 @@ impl QemFs {
             ctime: attr.mtime,
             crtime: attr.mtime,
             kind,
-            perm,
+            perm: attr.perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: attr.uid,
+            gid: attr.gid,
             rdev: 0,
             blksize: 1 << 20,
             flags: 0,
@@ -219,10 +215,25 @@ impl QemFs {
             inode.path.clone()
         };
         let node = self.tree.resolve(&path).map_err(|e| errno(&e))?;
-        if let Some(inode) = lock(&self.inodes).by_ino.get_mut(&ino) {
-            inode.node = Some(node.clone());
+        if ino != ROOT {
+            if let Some(inode) = lock(&self.inodes).by_ino.get_mut(&ino) {
+                inode.node = Some(node.clone());
+            }
         }
         Ok((path, node))
+    }
+
+    /// Extended attributes: the container's, and on the root the
+    /// daemon's pid (for `qemfs unmount`, which waits for it to exit).
+    fn xattrs(&self, ino: u64, path: &str) -> Vec<(String, Vec<u8>)> {
+        let mut out = self.tree.xattrs(path);
+        if ino == ROOT {
+            out.push((
+                crate::mountpoint::PID_XATTR.to_string(),
+                std::process::id().to_string().into_bytes(),
+            ));
+        }
+        out
     }
 
     fn handle(&self) -> u64 {
@@ -244,10 +255,14 @@ impl Filesystem for QemFs {
         let Ok((parent_path, parent_node)) = self.node(parent.0) else {
             return reply.error(Errno::ENOENT);
         };
-        let name = name.to_string_lossy();
-        match self.tree.child(&parent_node, &name) {
+        // Tree paths are text; a name that is not UTF-8 is not listed
+        // either, and must not alias one that is.
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self.tree.child(&parent_node, name) {
             Ok(node) => {
-                let path = join(&parent_path, &name);
+                let path = join(&parent_path, name);
                 let attr = self.tree.attr(&node);
                 let ino = {
                     let mut inodes = lock(&self.inodes);
@@ -462,8 +477,7 @@ impl Filesystem for QemFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let value = match self.node(ino.0) {
             Ok((path, _)) => self
-                .tree
-                .xattrs(&path)
+                .xattrs(ino.0, &path)
                 .into_iter()
                 .find(|(k, _)| OsStr::new(k) == name)
                 .map(|(_, v)| v),
@@ -480,8 +494,7 @@ impl Filesystem for QemFs {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let names: Vec<u8> = match self.node(ino.0) {
             Ok((path, _)) => self
-                .tree
-                .xattrs(&path)
+                .xattrs(ino.0, &path)
                 .into_iter()
                 .flat_map(|(k, _)| k.into_bytes().into_iter().chain([0]))
                 .collect(),
@@ -497,12 +510,9 @@ impl Filesystem for QemFs {
     }
 }
 
-/// Seconds since the epoch for log lines.
+/// The time for log lines: RFC 3339, UTC, milliseconds.
 pub fn timestamp() -> String {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
 #[cfg(test)]
