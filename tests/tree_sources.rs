@@ -235,3 +235,32 @@ fn frames_are_found_by_padded_and_unpadded_indices() {
         assert!(t.resolve(refused).is_err(), "{refused}");
     }
 }
+
+#[test]
+fn only_the_most_recently_used_containers_stay_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    for name in ["a", "b", "c"] {
+        fs::copy(
+            fixture("u8-two-block-chunks.qem"),
+            tmp.path().join(format!("{name}.qem")),
+        )
+        .unwrap();
+    }
+    let options = TreeOptions {
+        open_containers: 2,
+        ..TreeOptions::default()
+    };
+    let t = Tree::new(tmp.path(), &options);
+    let whole = read(&t, "a.qem/data.npy");
+    let per_container = t.cache().stats().entries;
+    assert!(per_container > 0);
+    read(&t, "b.qem/data.npy");
+    assert_eq!(t.cache().stats().entries, 2 * per_container);
+    // Opening a third closes the least recently used (a) and drops its
+    // decoded blocks with it.
+    read(&t, "c.qem/data.npy");
+    assert_eq!(t.cache().stats().entries, 2 * per_container);
+    // A closed container opens again on its next lookup, with equal bytes.
+    assert_eq!(read(&t, "a.qem/data.npy"), whole);
+    assert_eq!(t.cache().stats().entries, 2 * per_container);
+}

@@ -23,10 +23,13 @@ const TTL: Duration = Duration::from_secs(1);
 
 const ROOT: u64 = 1;
 
+/// A number handed to the kernel. It holds the path only, never the node:
+/// a node holds its container (a mapping, parsed headers), and the kernel
+/// may keep numbers for as long as it likes, so holding nodes here would
+/// keep every container ever looked at open. The tree's bounded table of
+/// opened containers is what keeps them, and closes idle ones.
 struct Inode {
     path: String,
-    /// Filled on lookup; readdir hands out numbers before that.
-    node: Option<Node>,
     /// Modification time of the source behind the node when the number
     /// was handed out.
     version: SystemTime,
@@ -61,7 +64,6 @@ impl Inodes {
             ino,
             Inode {
                 path: path.to_string(),
-                node: None,
                 version,
                 lookups: 0,
             },
@@ -159,9 +161,6 @@ impl QemFs {
             ROOT,
             Inode {
                 path: String::new(),
-                // Resolved afresh each time: a single-file root follows
-                // its file's changes.
-                node: None,
                 version: SystemTime::UNIX_EPOCH,
                 lookups: 1,
             },
@@ -203,22 +202,19 @@ impl QemFs {
         }
     }
 
-    /// The node behind `ino`, resolving it by path when only the number is
-    /// known (handed out by readdir).
+    /// The node behind `ino`, resolved by its path. A number handed out
+    /// for an earlier version of its source is stale (ESTALE makes the
+    /// kernel look the path up again and get the new number), so the old
+    /// number's cached pages are never taken for the new file's.
     fn node(&self, ino: u64) -> Result<(String, Node), Errno> {
-        let path = {
+        let (path, version) = {
             let inodes = lock(&self.inodes);
             let inode = inodes.by_ino.get(&ino).ok_or(Errno::ENOENT)?;
-            if let Some(node) = &inode.node {
-                return Ok((inode.path.clone(), node.clone()));
-            }
-            inode.path.clone()
+            (inode.path.clone(), inode.version)
         };
         let node = self.tree.resolve(&path).map_err(|e| errno(&e))?;
-        if ino != ROOT {
-            if let Some(inode) = lock(&self.inodes).by_ino.get_mut(&ino) {
-                inode.node = Some(node.clone());
-            }
+        if ino != ROOT && self.tree.attr(&node).mtime != version {
+            return Err(Errno::ESTALE);
         }
         Ok((path, node))
     }
@@ -267,9 +263,6 @@ impl Filesystem for QemFs {
                 let ino = {
                     let mut inodes = lock(&self.inodes);
                     let ino = inodes.ino_of(&path, attr.mtime);
-                    if let Some(inode) = inodes.by_ino.get_mut(&ino) {
-                        inode.node = Some(node);
-                    }
                     inodes.referenced(ino);
                     ino
                 };
@@ -529,7 +522,6 @@ mod tests {
             ROOT,
             Inode {
                 path: String::new(),
-                node: None,
                 version: SystemTime::UNIX_EPOCH,
                 lookups: 1,
             },

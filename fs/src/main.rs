@@ -91,6 +91,10 @@ struct MountArgs {
     /// Threads answering reads
     #[arg(long, default_value_t = default_workers(), value_parser = at_least_one)]
     workers: usize,
+    /// Containers kept open (mapped, headers parsed); the least recently
+    /// used beyond this are closed until looked up again
+    #[arg(long, default_value = "1024", value_name = "N", value_parser = at_least_one)]
+    open_containers: usize,
     /// Follow symbolic links that lead out of SRC (links into the mount
     /// point and links that loop are never followed)
     #[arg(long)]
@@ -462,6 +466,7 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
         mountpoint: Some(checked.mountpoint.clone()),
         follow_symlinks: args.follow_symlinks,
         log: Arc::clone(&log),
+        open_containers: args.open_containers,
     };
     let tree = Arc::new(Tree::new(&source, &options));
     let fs =

@@ -413,3 +413,53 @@ fn a_user_other_than_root_mounts_and_unmounts() {
     assert!(!is_mounted(&p.mnt));
     assert!(!alive(pid), "the user's daemon has exited");
 }
+
+/// More containers than the SIGBUS guard has slots: opened containers are
+/// closed when idle, so one truncated under an open file still gives EIO,
+/// not a dead daemon.
+#[test]
+fn thousands_of_containers_and_one_truncated_under_a_reader() {
+    if !can_mount() {
+        return;
+    }
+    let p = Place::new();
+    let small = fs::read(fixtures().join("qem/u8-constant-16x16.qem")).unwrap();
+    const N: usize = 5000;
+    for i in 0..N {
+        fs::write(p.src.join(format!("c{i:05}.qem")), &small).unwrap();
+    }
+    let big = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/data/scan-u16.qem");
+    fs::copy(&big, p.src.join("victim.qem")).unwrap();
+    let out = mount(&p.src, &p.mnt, &["--open-containers", "256"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let mnt = p.mnt.clone();
+    let opened = within(Duration::from_secs(300), move || {
+        (0..N)
+            .filter(|i| fs::read(mnt.join(format!("c{i:05}.qem/info.json"))).is_ok())
+            .count()
+    });
+    assert_eq!(opened, N);
+    // Hold a frame of the victim's second chunk open (nothing decoded
+    // yet), then truncate the source under it.
+    use std::os::unix::fs::FileExt;
+    let reader = fs::File::open(p.mnt.join("victim.qem/frames/23/31.npy")).unwrap();
+    let victim = fs::OpenOptions::new()
+        .write(true)
+        .open(p.src.join("victim.qem"))
+        .unwrap();
+    victim.set_len(4096).unwrap();
+    let mut frame = vec![0u8; 1 << 14];
+    let result = reader.read_at(&mut frame, 0);
+    assert!(
+        result.is_err(),
+        "reading a truncated source must fail: {result:?}"
+    );
+    // The daemon lives, and the others still read.
+    assert_eq!(
+        fs::read(p.mnt.join("c00042.qem/info.json")).unwrap(),
+        fs::read(p.mnt.join("c04242.qem/info.json")).unwrap()
+    );
+    assert_eq!(fs::read(p.mnt.join("notes.txt")).unwrap(), b"plain\n");
+    drop(reader);
+    assert!(unmount(&p.mnt).status.success());
+}

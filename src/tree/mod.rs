@@ -8,6 +8,9 @@
 //! Containers are opened on first lookup (headers only) and remembered
 //! with the source file's size and modification time; a changed file is
 //! opened again and its cached blocks dropped, a removed one disappears.
+//! At most `TreeOptions::open_containers` are remembered: the least
+//! recently used is closed (its mapping goes once no open file holds it),
+//! so a folder of 100,000 containers never holds 100,000 mappings.
 //! A file whose header cannot be read appears as a directory holding only
 //! `ERROR.txt` with the reason; its neighbours are unaffected.
 //!
@@ -22,7 +25,7 @@ pub mod source;
 mod virtual_dir;
 pub mod zarr_view;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -210,6 +213,9 @@ pub struct TreeOptions {
     pub follow_symlinks: bool,
     /// Lines about source entries not shown (links refused, bad names).
     pub log: Log,
+    /// Opened containers kept (mappings and parsed headers); the least
+    /// recently used beyond this are closed.
+    pub open_containers: usize,
 }
 
 impl std::fmt::Debug for TreeOptions {
@@ -233,6 +239,7 @@ impl Default for TreeOptions {
             mountpoint: None,
             follow_symlinks: false,
             log: Arc::new(|_| {}),
+            open_containers: 1024,
         }
     }
 }
@@ -288,7 +295,7 @@ pub struct Tree {
     cache: Arc<BlockCache>,
     accelerator: Arc<dyn Accelerator>,
     detectors: DetectorOptions,
-    opened: Mutex<HashMap<PathBuf, Opened>>,
+    opened: Mutex<lru::LruCache<PathBuf, Opened>>,
     next_id: AtomicU64,
 }
 
@@ -307,7 +314,9 @@ impl Tree {
             cache: Arc::new(BlockCache::new(options.cache_bytes)),
             accelerator: Arc::clone(&options.accelerator),
             detectors: options.detectors.clone(),
-            opened: Mutex::new(HashMap::new()),
+            opened: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(options.open_containers.max(1)).expect("at least 1"),
+            )),
             next_id: AtomicU64::new(1),
         }
     }
@@ -382,7 +391,7 @@ impl Tree {
                     }
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let slot = Arc::new(OnceLock::new());
-                    opened.insert(
+                    let evicted = opened.push(
                         source.to_path_buf(),
                         Opened {
                             stamp: now,
@@ -390,6 +399,11 @@ impl Tree {
                             dir: Arc::clone(&slot),
                         },
                     );
+                    if let Some((path, closed)) = evicted {
+                        if path != source {
+                            self.cache.remove_where(|k| k.view == closed.id);
+                        }
+                    }
                     (id, slot)
                 }
             }
@@ -443,7 +457,7 @@ impl Tree {
     /// Forgets containers whose source file is gone.
     fn forget(&self, source: &Path) {
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(o) = opened.remove(source) {
+        if let Some(o) = opened.pop(source) {
             self.cache.remove_where(|k| k.view == o.id);
         }
     }
