@@ -104,12 +104,37 @@ impl Inodes {
     }
 }
 
-/// An open directory: its listing, taken once at opendir so that paging
-/// through a large folder (the frames of a big scan) is linear.
-/// A directory's entries as of `opendir`, with their attributes (served
-/// by readdirplus, so `ls -l` needs no lookup per entry).
-struct DirListing {
-    entries: Vec<(u64, Attr, String)>,
+/// An open directory. A source folder is listed once at opendir (so that
+/// paging through it is linear); a folder inside a container is paged from
+/// the container on demand, so that a scan of millions of frames never has
+/// its listing made whole (a 16.7 M-row scan listed whole took 1.6 GB).
+/// Entries carry their attributes (served by readdirplus, so `ls -l` needs
+/// no lookup per entry).
+enum DirListing {
+    Snapshot(Vec<(u64, Attr, String)>),
+    Paged {
+        path: String,
+        node: Node,
+        own: (u64, Attr),
+        parent: u64,
+    },
+}
+
+/// Entries made per readdir request of a paged folder: more than a reply
+/// buffer holds, so one page answers one request.
+const PAGE: usize = 1024;
+
+/// Numbers shown by plain readdir for entries never looked up: the kernel
+/// only displays them (d_ino), and entering them in the table would make
+/// it as large as the listing. Real numbers count up from 2 and never
+/// reach this range.
+const SHOWN_ONLY: u64 = 1 << 63;
+
+fn shown_only(path: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    path.hash(&mut h);
+    SHOWN_ONLY | (h.finish() >> 1)
 }
 
 pub struct QemFs {
@@ -232,6 +257,59 @@ impl QemFs {
         out
     }
 
+    /// Entries of an open directory from `offset` on, with their indices.
+    /// `numbered`: the kernel will take references (readdirplus), so every
+    /// entry gets a real number; plain readdir gets display-only numbers
+    /// for entries not yet known.
+    #[allow(clippy::type_complexity)]
+    fn page(
+        &self,
+        listing: &DirListing,
+        offset: usize,
+        numbered: bool,
+    ) -> Result<Vec<(usize, (u64, Attr, String))>, Errno> {
+        match listing {
+            DirListing::Snapshot(entries) => Ok(entries
+                .iter()
+                .enumerate()
+                .skip(offset)
+                .map(|(i, e)| (i, e.clone()))
+                .collect()),
+            DirListing::Paged {
+                path,
+                node,
+                own,
+                parent,
+            } => {
+                let mut out = Vec::new();
+                for i in offset..2 {
+                    let (ino, name) = if i == 0 {
+                        (own.0, ".")
+                    } else {
+                        (*parent, "..")
+                    };
+                    out.push((i, (ino, own.1, name.to_string())));
+                }
+                let start = offset.max(2) - 2;
+                let entries = self
+                    .tree
+                    .list_range(node, start..start + PAGE)
+                    .map_err(|e| errno(&e))?;
+                let mut inodes = lock(&self.inodes);
+                for (k, (name, attr)) in entries.into_iter().enumerate() {
+                    let child = join(path, &name);
+                    let ino = match inodes.by_path.get(&child) {
+                        Some(&ino) if !numbered => ino,
+                        _ if numbered => inodes.ino_of(&child, attr.mtime),
+                        _ => shown_only(&child),
+                    };
+                    out.push((start + k + 2, (ino, attr, name)));
+                }
+                Ok(out)
+            }
+        }
+    }
+
     fn handle(&self) -> u64 {
         self.next_handle.fetch_add(1, Ordering::Relaxed)
     }
@@ -243,7 +321,12 @@ impl Filesystem for QemFs {
         let _ = config.set_max_readahead(1 << 20);
         // Listings carry attributes: `ls -l` of a container of thousands
         // of frames then costs one request per page, not one per entry.
-        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS);
+        // AUTO: the kernel asks for attributes only while the listing's
+        // entries are being looked up (`ls -l`); a plain `ls` of a scan of
+        // millions of frames then goes on as readdir and leaves no inode
+        // per entry in the kernel or in our table.
+        let _ = config
+            .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -347,10 +430,6 @@ impl Filesystem for QemFs {
             Ok(v) => v,
             Err(e) => return reply.error(e),
         };
-        let listing = match self.tree.list(&node) {
-            Ok(l) => l,
-            Err(e) => return reply.error(errno(&e)),
-        };
         let parent_ino = {
             let parent = path.rsplit_once('/').map_or("", |(p, _)| p);
             lock(&self.inodes)
@@ -360,18 +439,30 @@ impl Filesystem for QemFs {
                 .unwrap_or(ROOT)
         };
         let own = self.tree.attr(&node);
-        let mut entries = vec![
-            (ino.0, own, ".".to_string()),
-            (parent_ino, own, "..".to_string()),
-        ];
-        {
+        let listing = if matches!(node, Node::Dir(..)) {
+            DirListing::Paged {
+                path,
+                node,
+                own: (ino.0, own),
+                parent: parent_ino,
+            }
+        } else {
+            let listing = match self.tree.list(&node) {
+                Ok(l) => l,
+                Err(e) => return reply.error(errno(&e)),
+            };
+            let mut entries = vec![
+                (ino.0, own, ".".to_string()),
+                (parent_ino, own, "..".to_string()),
+            ];
             let mut inodes = lock(&self.inodes);
             for (name, attr) in listing {
                 entries.push((inodes.ino_of(&join(&path, &name), attr.mtime), attr, name));
             }
-        }
+            DirListing::Snapshot(entries)
+        };
         let fh = self.handle();
-        lock(&self.dirs).insert(fh, Arc::new(DirListing { entries }));
+        lock(&self.dirs).insert(fh, Arc::new(listing));
         reply.opened(FileHandle(fh), FopenFlags::empty());
     }
 
@@ -386,13 +477,17 @@ impl Filesystem for QemFs {
         let Some(listing) = lock(&self.dirs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
-        for (i, (ino, attr, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
+        let entries = match self.page(&listing, offset as usize, false) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
+        for (i, (ino, attr, name)) in entries {
             let kind = if attr.is_dir {
                 FileType::Directory
             } else {
                 FileType::RegularFile
             };
-            if reply.add(INodeNo(*ino), (i + 1) as u64, kind, name) {
+            if reply.add(INodeNo(ino), (i + 1) as u64, kind, &name) {
                 break;
             }
         }
@@ -410,8 +505,13 @@ impl Filesystem for QemFs {
         let Some(listing) = lock(&self.dirs).get(&fh.0).cloned() else {
             return reply.error(Errno::EBADF);
         };
+        let entries = match self.page(&listing, offset as usize, true) {
+            Ok(e) => e,
+            Err(e) => return reply.error(e),
+        };
         let mut added = Vec::new();
-        for (i, (ino, attr, name)) in listing.entries.iter().enumerate().skip(offset as usize) {
+        let mut full_at = entries.len();
+        for (k, (i, (ino, attr, name))) in entries.iter().enumerate() {
             let attr = self.file_attr(*ino, attr);
             if reply.add(
                 INodeNo(*ino),
@@ -421,10 +521,11 @@ impl Filesystem for QemFs {
                 &attr,
                 Generation(0),
             ) {
+                full_at = k;
                 break;
             }
             // The kernel takes a reference to every entry but `.` and `..`.
-            if i >= 2 {
+            if *i >= 2 {
                 added.push(*ino);
             }
         }
@@ -432,6 +533,14 @@ impl Filesystem for QemFs {
             let mut inodes = lock(&self.inodes);
             for ino in added {
                 inodes.referenced(ino);
+            }
+            // Numbers made for the part of a page the reply had no room
+            // for (a snapshot keeps its numbers until releasedir).
+            let paged = matches!(*listing, DirListing::Paged { .. });
+            for (i, (ino, _, _)) in entries[full_at..].iter().filter(|_| paged) {
+                if *i >= 2 {
+                    inodes.drop_unreferenced(*ino);
+                }
             }
         }
         reply.ok();
@@ -448,9 +557,11 @@ impl Filesystem for QemFs {
         // Numbers of entries the kernel never took (a listing abandoned
         // part way, or plain readdir) go; a later lookup makes new ones.
         if let Some(listing) = lock(&self.dirs).remove(&fh.0) {
-            let mut inodes = lock(&self.inodes);
-            for (ino, _, _) in listing.entries.iter().skip(2) {
-                inodes.drop_unreferenced(*ino);
+            if let DirListing::Snapshot(entries) = &*listing {
+                let mut inodes = lock(&self.inodes);
+                for (ino, _, _) in entries.iter().skip(2) {
+                    inodes.drop_unreferenced(*ino);
+                }
             }
         }
         reply.ok();

@@ -87,6 +87,17 @@ pub trait Directory: Send + Sync {
     fn lookup(&self, name: &str) -> Option<Entry>;
     fn list(&self) -> Vec<(String, Entry)>;
 
+    /// The entries `range` of [`Directory::list`], in its order; large
+    /// directories make only those (a scan of millions of frames is
+    /// listed page by page, never whole).
+    fn list_range(&self, range: std::ops::Range<usize>) -> Vec<(String, Entry)> {
+        self.list()
+            .into_iter()
+            .skip(range.start)
+            .take(range.len())
+            .collect()
+    }
+
     /// Extended attributes (`user.qem.codec`, ...), on container folders.
     fn xattrs(&self) -> Vec<(String, Vec<u8>)> {
         Vec::new()
@@ -615,6 +626,34 @@ impl Tree {
                 })
                 .collect()),
             Node::File(..) => Err(TreeError::NotADirectory(String::new())),
+        }
+    }
+
+    /// Entries `range` of a container's directory (see
+    /// [`Directory::list_range`]); a source folder is listed whole.
+    pub fn list_range(
+        &self,
+        dir: &Node,
+        range: std::ops::Range<usize>,
+    ) -> Result<Vec<(String, Attr)>, TreeError> {
+        match dir {
+            Node::Dir(d, origin) => Ok(d
+                .list_range(range)
+                .into_iter()
+                .map(|(name, e)| {
+                    let attr = match e {
+                        Entry::Dir(_) => Attr::dir(origin),
+                        Entry::File(f) => Attr::file(origin, f.size(), false),
+                    };
+                    (name, attr)
+                })
+                .collect()),
+            _ => Ok(self
+                .list(dir)?
+                .into_iter()
+                .skip(range.start)
+                .take(range.len())
+                .collect()),
         }
     }
 

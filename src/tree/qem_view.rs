@@ -288,9 +288,13 @@ impl Directory for Arc<FramesDir> {
     }
 
     fn list(&self) -> Vec<(String, Entry)> {
+        self.list_range(0..usize::MAX)
+    }
+
+    fn list_range(&self, range: std::ops::Range<usize>) -> Vec<(String, Entry)> {
         let [rows, ..] = self.view.file.shape();
         let w = width(rows);
-        (0..rows)
+        (range.start.min(rows)..range.end.min(rows))
             .map(|r| (format!("{r:0w$}"), self.row(r)))
             .collect()
     }
@@ -331,14 +335,19 @@ impl Directory for FrameRowDir {
     }
 
     fn list(&self) -> Vec<(String, Entry)> {
+        self.list_range(0..usize::MAX)
+    }
+
+    /// Two entries per column: `C.npy`, then `C.tiff`.
+    fn list_range(&self, range: std::ops::Range<usize>) -> Vec<(String, Entry)> {
         let [_, columns, ..] = self.frames.view.file.shape();
         let w = width(columns);
-        (0..columns)
-            .flat_map(|c| {
-                [
-                    (format!("{c:0w$}.npy"), self.file(c, false)),
-                    (format!("{c:0w$}.tiff"), self.file(c, true)),
-                ]
+        let total = columns.saturating_mul(2);
+        (range.start.min(total)..range.end.min(total))
+            .map(|i| {
+                let (c, tiff) = (i / 2, i % 2 == 1);
+                let ext = if tiff { "tiff" } else { "npy" };
+                (format!("{c:0w$}.{ext}"), self.file(c, tiff))
             })
             .collect()
     }
