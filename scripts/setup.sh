@@ -8,6 +8,11 @@ if ! command -v cargo >/dev/null 2>&1; then
   exit 2
 fi
 
+# scripts/test.sh checks formatting and lints before it tests.
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  rustup component add rustfmt clippy
+fi
+
 # The field's own Python readers and writers are real clients in the tests
 # (numpy, zarr, xarray, dask, tifffile, h5py): a virtual environment in
 # .venv/, remade whenever scripts/requirements-clients.txt changes.

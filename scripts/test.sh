@@ -12,6 +12,18 @@ if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
   chmod 700 "$XDG_RUNTIME_DIR"
   export XDG_RUNTIME_DIR
 fi
+# The house rules first, so that a failure is found in seconds, not after
+# the suite. Release profile throughout: clippy and rustdoc then share the
+# dependencies' check metadata, and all three the build scripts and proc
+# macros that the tests' build needs anyway.
+cargo fmt --all --check
+cargo clippy --release --workspace --all-targets -- -D warnings
+# The `qemfs` binary (fs/) and the core library share a crate name, and so a
+# rustdoc output folder: one `cargo doc` of both warns of the collision.
+# Document the binary first and the rest after, so the library's pages are
+# the ones left in target/doc.
+RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps -p qemfs-fuse
+RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace --exclude qemfs-fuse
 cargo test --workspace --release
 # The optional CUDA backend builds, and without a driver fails cleanly.
 cargo test --release -p qemfs-gpu --features cuda

@@ -17,6 +17,7 @@
 //! Each case runs under `catch_unwind`, so a panic is reported with the
 //! fixture, the kind of flip and the byte offset.
 
+use rand::{rngs::Xoshiro256PlusPlus, RngExt, SeedableRng};
 use std::ops::Range;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -58,21 +59,16 @@ fn accepted_qem() -> Vec<(String, Vec<u8>)> {
 }
 
 /// Offsets of `region` to flip: all of them when there are at most
-/// `limit`, else `limit` of them chosen by a fixed xorshift sequence
+/// `limit`, else `limit` of them chosen by a seeded Xoshiro256++ sequence
 /// (always including both ends).
 fn offsets(region: Range<usize>, limit: usize, seed: u64) -> Vec<usize> {
     let len = region.len();
     if len <= limit {
         return region.collect();
     }
-    let mut state = seed | 1;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut picked: Vec<usize> = (0..limit.saturating_sub(2))
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            region.start + (state % len as u64) as usize
-        })
+        .map(|_| rng.random_range(region.clone()))
         .chain([region.start, region.end - 1])
         .collect();
     picked.sort_unstable();

@@ -4,6 +4,7 @@ use qemfs::qem::write::{
     encode_to_vec, scientific_metadata, write_file, Calibration, Content, CountDtype, DetectorUnit,
     ModelChoice, ScaledRegion, WriteError, WriteSpec, Writer,
 };
+use rand::{rngs::Xoshiro256PlusPlus, Rng, SeedableRng};
 use serde_json::{json, Map, Value};
 
 fn entries(dir: &std::path::Path) -> Vec<String> {
@@ -30,14 +31,12 @@ fn frames(shape: [u64; 4], seed: u64) -> Vec<u16> {
         shape[2] as usize,
         shape[3] as usize,
     );
-    let mut x = seed | 1;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut out = Vec::with_capacity(n * r * c);
     for _ in 0..n {
         for y in 0..r {
             for z in 0..c {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next_u64();
                 let centre = (2 * y).abs_diff(r) + (2 * z).abs_diff(c) < r.min(c) / 2;
                 out.push(if centre {
                     (x % 40) as u16

@@ -2,6 +2,7 @@
 //! concat laws, empty self-diffs, floors that admit their own nulls,
 //! input-order independence of encode, and a reader that never panics.
 
+use rand::{rngs::Xoshiro256PlusPlus, RngExt, SeedableRng};
 use std::collections::BTreeSet;
 
 use proptest::prelude::*;
@@ -203,11 +204,8 @@ proptest! {
         let ids: Vec<u64> = seeds.iter().copied().collect();
         let mut vectors = Vec::with_capacity(ids.len() * d);
         for &seed in &ids {
-            let mut x = seed | 1;
-            let v: Vec<f64> = (0..d).map(|_| {
-                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
-                (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-            }).collect();
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
+            let v: Vec<f64> = (0..d).map(|_| rng.random::<f64>() - 0.5).collect();
             let n = v.iter().map(|x| x * x).sum::<f64>().sqrt().max(1e-9);
             vectors.extend(v.iter().map(|x| (x / n) as f32));
         }

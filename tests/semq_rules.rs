@@ -3,6 +3,7 @@
 //! of absent ids, measure's argument checks, reserved floor values.
 
 use qemfs::semq::{self, floor, Config, Encoding, Floor, Id, IdKind, IdList, IdRef, Section};
+use rand::{rngs::Xoshiro256PlusPlus, Rng, RngExt, SeedableRng};
 
 const NONE: &[(&str, &str)] = &[];
 
@@ -223,19 +224,12 @@ fn reader_reports_sections_for_hand_made_images() {
     assert_eq!(Encoding::from_slice(&good).unwrap(), e);
 }
 
-/// Deterministic unit vectors (xorshift, normalized in binary64).
+/// Deterministic unit vectors (seeded Xoshiro256++, normalized in binary64).
 fn unit_rows(n: usize, dim: usize, seed: u64) -> Vec<f32> {
-    let mut x = seed | 1;
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
     let mut out = Vec::with_capacity(n * dim);
     for _ in 0..n {
-        let v: Vec<f64> = (0..dim)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-            })
-            .collect();
+        let v: Vec<f64> = (0..dim).map(|_| rng.random::<f64>() - 0.5).collect();
         let norm = v.iter().map(|a| a * a).sum::<f64>().sqrt();
         out.extend(v.iter().map(|a| (a / norm) as f32));
     }
@@ -289,13 +283,8 @@ fn reader_survives_damaged_fixture_files() {
         }
     }
     assert!(files.len() > 50);
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x9e37_79b9_7f4a_7c15);
+    let mut next = move || rng.next_u64();
     for path in files {
         let good = std::fs::read(&path).unwrap();
         if good.is_empty() {

@@ -6,6 +6,9 @@ use crate::gpu_args::GpuArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 
+/// The longest chunk any codec takes; the writer checks the codec's own bound.
+const MAX_CHUNK_SCANS: i64 = qemfs::qem::write::MAX_COUNT_CHUNK_SCANS as i64;
+
 const EXAMPLES: &str = "\
 Examples:
   qem show scan.qem
@@ -27,8 +30,7 @@ Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
     name = "qem",
     version,
     about = "Inspect, check, compare and convert .qem 4D-STEM acquisitions",
-    after_help = EXAMPLES,
-    disable_help_subcommand = true
+    after_help = EXAMPLES
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -165,8 +167,9 @@ pub struct ConvertArgs {
     /// Detector pixel size with its unit (mrad, urad, 1/A, 1/nm): 0.8mrad, 0.01,0.01 1/A
     #[arg(long, value_parser = qemfs::convert::metadata::parse_detector_sampling, value_name = "SAMPLING")]
     pub detector_sampling: Option<([f64; 2], qemfs::qem::write::DetectorUnit)>,
-    /// Scans per chunk of the written .qem
-    #[arg(long)]
+    /// Scans per chunk of the written .qem (1 to 1024; float32 files hold
+    /// at most 512, fewer for detectors over 16384 pixels)
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_CHUNK_SCANS))]
     pub chunk_scans: Option<u32>,
     /// Compression of a written .zarr store's chunks
     #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]

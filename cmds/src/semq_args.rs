@@ -26,8 +26,7 @@ Exit status: 0 ok / same / gate passed, 1 gate failed or files differ, 2 error."
     version,
     about = "Inspect, compare, gate and encode .semq embedding states",
     after_help = EXAMPLES,
-    infer_long_args = true,
-    disable_help_subcommand = true
+    infer_long_args = true
 )]
 pub struct Cli {
     #[command(subcommand)]

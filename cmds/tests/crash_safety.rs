@@ -23,18 +23,7 @@ use std::time::{Duration, Instant};
 use qemfs::npy::{self, DType};
 use qemfs::qem::{QemFile, ValidationLevel};
 use qemfs::semq::Encoding;
-
-/// A fixed pseudo-random sequence (xorshift64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-}
+use rand::{rngs::Xoshiro256PlusPlus, Rng, RngExt, SeedableRng};
 
 fn write_npy(path: &Path, dtype: DType, shape: &[usize], data: &[u8]) {
     let mut bytes = npy::encode_header(dtype, shape);
@@ -197,10 +186,10 @@ fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole:
 /// second in release builds.
 fn counts_input(dir: &Path) -> (PathBuf, Vec<u8>) {
     let shape = [64, 64, 64, 64];
-    let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x9e37_79b9_7f4a_7c15);
     let mut data = Vec::with_capacity(shape.iter().product::<usize>() * 2);
     for _ in 0..shape.iter().product::<usize>() {
-        let r = rng.next();
+        let r = rng.next_u64();
         // Mostly small counts, some escapes.
         let v: u16 = if r.is_multiple_of(97) {
             (r >> 20) as u16
@@ -275,12 +264,12 @@ fn semq_encode_killed_leaves_no_partial_output() {
     let inputs = tempfile::tempdir().unwrap();
     let outputs = tempfile::tempdir().unwrap();
     let (n, dim) = (200_000usize, 64usize);
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x2545_f491_4f6c_dd1d);
     let mut vectors = Vec::with_capacity(n * dim * 4);
     let mut row = vec![0f64; dim];
     for _ in 0..n {
         for x in row.iter_mut() {
-            *x = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+            *x = rng.random::<f64>() - 0.5;
         }
         let norm = row.iter().map(|x| x * x).sum::<f64>().sqrt();
         for x in &row {

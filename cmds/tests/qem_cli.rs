@@ -491,3 +491,42 @@ fn the_gpu_flag_picks_a_backend_that_agrees_with_the_cpu() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
 }
+
+#[test]
+fn help_is_a_subcommand_as_in_qemfs() {
+    for sub in ["show", "validate", "convert", "cat"] {
+        let help = qem().args(["help", sub]).output().unwrap();
+        assert_eq!(help.status.code(), Some(0), "qem help {sub}");
+        let flag = qem().args([sub, "--help"]).output().unwrap();
+        assert_eq!(text(&help.stdout), text(&flag.stdout), "qem help {sub}");
+        assert!(text(&help.stdout).contains(&format!("Usage: qem {sub}")));
+    }
+    let top = qem().arg("help").output().unwrap();
+    assert_eq!(top.status.code(), Some(0));
+    assert!(text(&top.stdout).contains("convert"));
+}
+
+#[test]
+fn chunk_scans_out_of_range_is_refused_before_anything_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out.qem");
+    for bad in ["0", "1025", "4294967296", "-1"] {
+        let r = qem()
+            .arg("convert")
+            .arg(dir.path().join("missing.npy"))
+            .arg(&out)
+            .args(["--chunk-scans", bad])
+            .output()
+            .unwrap();
+        assert_eq!(r.status.code(), Some(2), "--chunk-scans {bad}");
+        let err = text(&r.stderr);
+        assert!(
+            err.contains("error:") && !err.contains("missing.npy"),
+            "--chunk-scans {bad}: the value is refused before the input is opened: {err}"
+        );
+        if bad != "-1" {
+            assert!(err.contains("--chunk-scans"), "{err}");
+        }
+    }
+    assert!(!out.exists());
+}

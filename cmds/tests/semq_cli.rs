@@ -297,3 +297,18 @@ fn completions_and_usage_errors() {
     semq().args(["encode", "--op", "quant"]).assert().code(2);
     semq().args(["--help"]).assert().success();
 }
+
+#[test]
+fn help_is_a_subcommand_as_in_qemfs() {
+    for sub in ["show", "diff", "encode", "hash"] {
+        let help = semq().args(["help", sub]).output().unwrap();
+        assert_eq!(help.status.code(), Some(0), "semq help {sub}");
+        let flag = semq().args([sub, "--help"]).output().unwrap();
+        assert_eq!(text(&help.stdout), text(&flag.stdout), "semq help {sub}");
+        assert!(text(&help.stdout).contains(&format!("Usage: semq {sub}")));
+    }
+    // The upstream usage error for a missing command is unchanged.
+    let none = semq().output().unwrap();
+    assert_eq!(none.status.code(), Some(2));
+    assert!(text(&none.stderr).starts_with("usage: semq [-h] {show,diff,floor,version,"));
+}

@@ -19,7 +19,7 @@ pub const SCRATCH_VALUES: usize = 8 << 20;
 pub const MAX_PASS_STREAMS: usize = 65535 * 64;
 /// Payload bytes uploaded per pass, at most.
 pub const PAYLOAD_LIMIT: usize = 64 << 20;
-/// Largest detector the pattern accumulators hold ([`ACC_WORDS`] u32 per
+/// Largest detector the pattern accumulators hold (`ACC_WORDS` = 4 u32 per
 /// pixel in one 128 MiB binding).
 pub const MAX_PIXELS: usize = 8 << 20;
 /// u32 words of one accumulator in the kernels: (lo, hi, -, -) for exact

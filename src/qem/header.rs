@@ -246,8 +246,12 @@ impl Header {
                 ))
             }
         };
-        let scientific = ScientificMetadata::parse(&raw["scientific_metadata"], &shape)?;
-        scientific.check_declared_processing(metadata.as_ref(), stored_dtype.name())?;
+        let scientific = ScientificMetadata::validate(
+            &raw["scientific_metadata"],
+            &shape,
+            metadata.as_ref(),
+            stored_dtype.name(),
+        )?;
 
         let bytes = json_uint(raw.get("bytes"))
             .filter(|&b| b > 0)
@@ -319,16 +323,7 @@ impl Header {
             (None, None)
         };
         let intensity_calibration = if codec == Codec::Scaled {
-            if !scientific
-                .processing
-                .iter()
-                .any(|r| r.operation == "scaled_uint16_quantization" && r.changes_measurements)
-            {
-                return Err(QemError::metadata(
-                    "processing",
-                    "scaled .qem metadata must declare scaled_uint16_quantization with changes_measurements: true; save the result again",
-                ));
-            }
+            scientific.check_scaled_quantization()?;
             Some(IntensityCalibration::parse(
                 raw.get("intensity_calibration"),
                 &shape,

@@ -1,6 +1,11 @@
 //! `scientific_metadata` (§5): the rules the reference enforces, and typed
 //! access to axes, calibration, overrides and declared processing.
 //!
+//! This is the one place the §5 rules live: the reader applies them when a
+//! file is opened and the writer ([`crate::qem::write`]) before it writes
+//! anything, so a file we write is never refused for its metadata, and a
+//! refusal reads the same from either side.
+//!
 //! Schema-1 quantities are converted to the canonical units of §5.2 while
 //! reading, so callers only ever see canonical values.
 
@@ -24,6 +29,9 @@ pub const BEAM_ENERGY: &str = "electron_source/beam_energy";
 pub const SEMI_CONVERGENCE: &str = "illumination_system/semi_convergence_angle";
 pub const DWELL_TIME: &str = "scan_controller/regular_scan/dwell_time";
 pub const CAMERA_LENGTH: &str = "imaging_system/camera_length";
+
+/// The `processing` operation that the scaled codec requires (§9.1).
+pub const SCALED_QUANTIZATION: &str = "scaled_uint16_quantization";
 
 /// The microscope path that each axis's sampling must agree with.
 const AXIS_PATHS: [&str; 4] = [
@@ -186,6 +194,37 @@ fn err(path: impl Into<String>, reason: impl Into<String>) -> QemError {
 }
 
 impl ScientificMetadata {
+    /// Every §5 rule of a file's `scientific_metadata` (steps 5–10 of the
+    /// reference order, §10): [`Self::parse`], then the §5.6 cross-checks
+    /// against the producer record `metadata` and the stored `dtype`.
+    pub fn validate(
+        value: &Value,
+        shape: &[u64; 4],
+        metadata: Option<&Map<String, Value>>,
+        dtype: &str,
+    ) -> Result<Self, QemError> {
+        let sm = Self::parse(value, shape)?;
+        sm.check_declared_processing(metadata, dtype)?;
+        Ok(sm)
+    }
+
+    /// §9.1: a scaled file declares its quantisation, which changes
+    /// measurements. The reference checks this with the scaled layout
+    /// (§10 step 16c), so the reader calls it there.
+    pub fn check_scaled_quantization(&self) -> Result<(), QemError> {
+        if self
+            .processing
+            .iter()
+            .any(|r| r.operation == SCALED_QUANTIZATION && r.changes_measurements)
+        {
+            return Ok(());
+        }
+        Err(err(
+            "processing",
+            "scaled .qem metadata must declare scaled_uint16_quantization with changes_measurements: true; save the result again",
+        ))
+    }
+
     /// Validates `value` against §5 for an array of `shape`.
     pub fn parse(value: &Value, shape: &[u64; 4]) -> Result<Self, QemError> {
         let obj = value.as_object().ok_or_else(|| {

@@ -219,7 +219,7 @@ const PAD: usize = 256;
 
 /// Decodes `N` rANS streams of equal value count in lockstep.
 ///
-/// The `N` dependency chains overlap (see [`Lockstep`]). A valid stream
+/// The `N` dependency chains overlap (see `Lockstep` below). A valid stream
 /// never reads past its end, so reading into the padding means the stream
 /// is invalid: then every lane is decoded again by the careful reference
 /// procedure, which names the fault. On failure, the index of the

@@ -228,7 +228,7 @@ impl StreamTable<'_> {
     }
 }
 
-/// Streams decoded in lockstep by [`StreamTable::decode_range`] where
+/// Streams decoded in lockstep by `StreamTable::decode_range` where
 /// SIMD lanes are available (else 4).
 pub const LOCKSTEP: usize = 16;
 

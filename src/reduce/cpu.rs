@@ -391,21 +391,16 @@ mod tests {
         encode_to_vec, scientific_metadata, Calibration, Content, CountDtype, WriteSpec,
     };
     use crate::reduce::PixelSet;
+    use rand::{rngs::Xoshiro256PlusPlus, Rng, SeedableRng};
 
     /// Sparse counts with some large values, chunks of 300 scans (so the
     /// last block is partial), and every fifth pixel invalid.
     fn counts_file(shape: [usize; 4], seed: u64) -> QemFile {
         let [sr, sc, r, c] = shape;
-        let mut x = seed | 1;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
         let dense: Vec<u8> = (0..sr * sc * r * c)
             .flat_map(|i| {
-                let v = next();
+                let v = rng.next_u64();
                 let v = if i % 7 == 0 { v % 3000 } else { v % 4 } as u16;
                 v.to_le_bytes()
             })

@@ -42,6 +42,24 @@ fn write_value(value: &Value, out: &mut String, path: &mut String) -> Result<(),
     Ok(())
 }
 
+/// `value` with its objects' members in the order [`to_canonical_json`]
+/// writes them: the order in which a reader meets them in the file.
+pub(crate) fn sorted(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_unstable();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&map[k.as_str()])))
+                    .collect(),
+            )
+        }
+        Value::Array(items) => Value::Array(items.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
 fn write_object(
     map: &Map<String, Value>,
     out: &mut String,

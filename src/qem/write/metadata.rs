@@ -1,18 +1,22 @@
-//! `scientific_metadata` (spec §5): building the reference writer's form and
-//! checking a caller's object against the rules the reference reader
-//! enforces, so that a written file is never refused for its metadata.
+//! `scientific_metadata` (spec §5) for new files: the reference writer's
+//! form built from a [`Calibration`], and the check of a caller's object
+//! before anything is written. The rules themselves are the reader's
+//! ([`crate::qem::metadata`]); this module adds only the writer's own, that
+//! new files are schema 2 (§5.8).
 
 use serde_json::{json, Map, Value};
-use sha2::{Digest, Sha256};
 
-use super::{header::python_float_repr, WriteError, SCALED_CODEC};
+use super::header::{python_float_repr, sorted};
+use super::{WriteError, SCALED_CODEC};
+use crate::qem::error::QemError;
+use crate::qem::metadata::{
+    ScientificMetadata, ACCELERATING_VOLTAGE, AXIS_NAMES, PIXEL_SIZE_COLUMN, PIXEL_SIZE_ROW,
+    SCALED_QUANTIZATION, SCHEMA_2,
+};
 
 /// The scaled codec's mandatory processing record text, as native writers put it.
 pub const SCALED_QUANTIZATION_DESCRIPTION: &str =
     "Regional scaled uint16: intensity = float32(code x scale + offset).";
-
-const SCHEMA: &str = "quantem.scientific-metadata/2";
-const AXES: [&str; 4] = ["scan_row", "scan_column", "detector_row", "detector_column"];
 
 /// Unit of detector sampling: angular or reciprocal length (cycles per ångström, no 2π).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,19 +70,13 @@ impl Calibration {
         json!({
             "changes_measurements": true,
             "description": SCALED_QUANTIZATION_DESCRIPTION,
-            "operation": "scaled_uint16_quantization",
+            "operation": SCALED_QUANTIZATION,
         })
     }
 }
 
-fn quantity(value: f64, unit: &str, provenance: &str, path: &str) -> Result<Value, WriteError> {
-    if !(value.is_finite() && value > 0.0) {
-        return Err(WriteError::Metadata {
-            path: path.into(),
-            reason: format!("a calibrated quantity must be finite and positive, not {value}"),
-        });
-    }
-    Ok(json!({"provenance": provenance, "unit": unit, "value": value}))
+fn quantity(value: f64, unit: &str, provenance: &str) -> Value {
+    json!({"provenance": provenance, "unit": unit, "value": value})
 }
 
 /// The `scientific_metadata` the reference writer emits for `shape` and the
@@ -89,30 +87,21 @@ pub fn scientific_metadata(shape: [u64; 4], cal: &Calibration) -> Result<Value, 
     let mut microscope = Map::new();
     let prov = cal.provenance.as_str();
     if let Some([r, c]) = cal.scan_sampling_angstrom {
-        let row = quantity(r, "angstrom", prov, "axes[0].sampling")?;
-        let col = quantity(c, "angstrom", prov, "axes[1].sampling")?;
-        microscope.insert(
-            "scan_controller/regular_scan/pixel_size_row".into(),
-            row.clone(),
-        );
-        microscope.insert(
-            "scan_controller/regular_scan/pixel_size_column".into(),
-            col.clone(),
-        );
+        let row = quantity(r, "angstrom", prov);
+        let col = quantity(c, "angstrom", prov);
+        microscope.insert(PIXEL_SIZE_ROW.into(), row.clone());
+        microscope.insert(PIXEL_SIZE_COLUMN.into(), col.clone());
         sampling[0] = Some(row);
         sampling[1] = Some(col);
     }
     if let Some(([r, c], unit)) = cal.detector_sampling {
-        sampling[2] = Some(quantity(r, unit.name(), prov, "axes[2].sampling")?);
-        sampling[3] = Some(quantity(c, unit.name(), prov, "axes[3].sampling")?);
+        sampling[2] = Some(quantity(r, unit.name(), prov));
+        sampling[3] = Some(quantity(c, unit.name(), prov));
     }
     if let Some(kv) = cal.voltage_kv {
-        microscope.insert(
-            "electron_source/accelerating_voltage".into(),
-            quantity(kv, "kV", prov, "electron_source/accelerating_voltage")?,
-        );
+        microscope.insert(ACCELERATING_VOLTAGE.into(), quantity(kv, "kV", prov));
     }
-    let axes: Vec<Value> = AXES
+    let axes: Vec<Value> = AXIS_NAMES
         .iter()
         .zip(shape)
         .zip(sampling)
@@ -131,17 +120,20 @@ pub fn scientific_metadata(shape: [u64; 4], cal: &Calibration) -> Result<Value, 
     } else {
         cal.processing.clone()
     };
-    Ok(json!({
+    let sm = json!({
         "axes": axes,
         "calibration_overrides": {},
         "electron_microscope": microscope,
         "processing": processing,
-        "schema": SCHEMA,
+        "schema": SCHEMA_2,
         "source_documents": [],
         "source_format": "unknown",
         "source_metadata": cal.source_metadata,
         "source_metadata_coverage": "reader-retained",
-    }))
+    });
+    // A non-finite calibration became `null` above; the rules name it.
+    ScientificMetadata::parse(&sm, &shape).map_err(refused)?;
+    Ok(sm)
 }
 
 /// The reference writer's default `empad` member of a float file: the
@@ -224,76 +216,22 @@ fn python_repr(v: &Value) -> String {
     }
 }
 
-fn fail<T>(path: impl Into<String>, reason: impl Into<String>) -> Result<T, WriteError> {
-    Err(WriteError::Metadata {
-        path: path.into(),
-        reason: reason.into(),
-    })
-}
-
-/// Canonical unit(s) of the quantity paths schema 2 constrains.
-fn canonical_units(path: &str) -> Option<&'static [&'static str]> {
-    Some(match path {
-        "scan_controller/regular_scan/pixel_size_row"
-        | "scan_controller/regular_scan/pixel_size_column" => &["angstrom"],
-        "imaging_system/reciprocal_pixel_size_row"
-        | "imaging_system/reciprocal_pixel_size_column" => &["mrad", "1/angstrom"],
-        "electron_source/accelerating_voltage" => &["kV"],
-        "electron_source/beam_energy" => &["keV"],
-        "illumination_system/semi_convergence_angle" => &["mrad"],
-        "scan_controller/regular_scan/dwell_time" => &["us"],
-        "imaging_system/camera_length" => &["mm"],
-        _ => return None,
-    })
-}
-
-const RETIRED: [&str; 4] = [
-    "scan_controller/regular_scan/pixel_size_y",
-    "scan_controller/regular_scan/pixel_size_x",
-    "imaging_system/reciprocal_pixel_size_y",
-    "imaging_system/reciprocal_pixel_size_x",
-];
-
-fn nonblank(v: Option<&Value>) -> bool {
-    v.and_then(Value::as_str)
-        .is_some_and(|s| !s.trim().is_empty())
-}
-
-fn check_quantity(q: &Value, path: &str) -> Result<f64, WriteError> {
-    let Some(o) = q.as_object() else {
-        return fail(path, "a quantity must be an object");
-    };
-    let value = match o.get("value") {
-        Some(Value::Number(n)) => n.as_f64().unwrap_or(f64::NAN),
-        _ => return fail(path, "a quantity needs a numeric value"),
-    };
-    if !(value.is_finite() && value > 0.0) {
-        return fail(path, "a quantity's value must be finite and positive");
+/// The reader's refusal as the writer reports it: the same path and reason,
+/// and so the same text (the two error types display `Metadata` alike).
+fn refused(e: QemError) -> WriteError {
+    match e {
+        QemError::Metadata { path, reason } => WriteError::Metadata { path, reason },
+        other => WriteError::Metadata {
+            path: "scientific_metadata".into(),
+            reason: other.to_string(),
+        },
     }
-    if o.get("unit")
-        .and_then(Value::as_str)
-        .is_none_or(str::is_empty)
-    {
-        return fail(path, "a quantity needs a non-empty unit");
-    }
-    if !nonblank(o.get("provenance")) {
-        return fail(path, "calibrated quantities require a non-empty provenance");
-    }
-    if o.get("evidence").is_some_and(|e| !e.is_string()) {
-        return fail(path, "evidence must be a string");
-    }
-    Ok(value)
 }
 
-fn unit(q: &Value) -> &str {
-    q.get("unit").and_then(Value::as_str).unwrap_or("")
-}
-
-/// Checks `sm` against what the reference reader requires of a new file
-/// (spec §5, §5.6 and, for the scaled codec, §9.1): schema 2, the four axes
-/// matching `shape`, the mandatory members, valid quantities in canonical
-/// units, consistent axis/microscope calibration, valid overrides and
-/// source documents, and processing records for what `metadata` declares.
+/// Checks `sm` before a file of `codec` storing `dtype` with the producer
+/// record `metadata` is written: every rule the reader applies when it opens
+/// the file (spec §5, §5.6 and, for the scaled codec, §9.1), and the
+/// writer's own, that new files are schema 2 (§5.8).
 pub fn validate_scientific_metadata(
     sm: &Value,
     shape: [u64; 4],
@@ -301,333 +239,20 @@ pub fn validate_scientific_metadata(
     dtype: &str,
     metadata: &Map<String, Value>,
 ) -> Result<(), WriteError> {
-    let p = "scientific_metadata";
-    let Some(o) = sm.as_object() else {
-        return fail(p, "must be an object");
-    };
-    if o.get("schema").and_then(Value::as_str) != Some(SCHEMA) {
-        return fail(
-            format!("{p}.schema"),
-            format!("new files must declare {SCHEMA:?}"),
-        );
-    }
-    let Some(axes) = o
-        .get("axes")
-        .and_then(Value::as_array)
-        .filter(|a| a.len() == 4)
-    else {
-        return fail(format!("{p}.axes"), "must list exactly four axes");
-    };
-    for (i, axis) in axes.iter().enumerate() {
-        let ap = format!("{p}.axes[{i}]");
-        if axis.get("name").and_then(Value::as_str) != Some(AXES[i]) {
-            return fail(ap, format!("axis {i} must be named {:?}", AXES[i]));
-        }
-        if axis.get("size").and_then(Value::as_u64) != Some(shape[i]) {
-            return fail(ap, format!("size must equal shape[{i}] = {}", shape[i]));
-        }
-        if let Some(s) = axis.get("sampling") {
-            check_quantity(s, &format!("{ap}.sampling"))?;
-            let allowed: &[&str] = if i < 2 {
-                &["angstrom"]
-            } else {
-                &["mrad", "1/angstrom"]
-            };
-            if !allowed.contains(&unit(s)) {
-                return fail(
-                    format!("{ap}.sampling"),
-                    format!("unit must be one of {allowed:?}"),
-                );
-            }
-        }
-    }
-    if !o.get("source_metadata").is_some_and(Value::is_object) {
-        return fail(
-            format!("{p}.source_metadata"),
-            "must be an object, even when empty",
-        );
-    }
-    let coverage = o.get("source_metadata_coverage").and_then(Value::as_str);
-    if !matches!(coverage, Some("reader-retained" | "exhaustive" | "unknown")) {
-        return fail(
-            format!("{p}.source_metadata_coverage"),
-            "must be \"reader-retained\", \"exhaustive\" or \"unknown\"",
-        );
-    }
-    let Some(processing) = o
-        .get("processing")
-        .and_then(Value::as_array)
-        .filter(|a| !a.is_empty())
-    else {
-        return fail(format!("{p}.processing"), "must be a non-empty list");
-    };
-    for (i, rec) in processing.iter().enumerate() {
-        let ok = rec
-            .get("operation")
-            .and_then(Value::as_str)
-            .is_some_and(|s| !s.is_empty())
-            && rec
-                .get("changes_measurements")
-                .is_some_and(Value::is_boolean);
-        if !ok {
-            return fail(
-                format!("{p}.processing[{i}]"),
-                "needs a non-empty operation and a boolean changes_measurements",
-            );
-        }
-    }
-    if let Some(em) = o.get("electron_microscope") {
-        let Some(em) = em.as_object() else {
-            return fail(format!("{p}.electron_microscope"), "must be an object");
-        };
-        for (path, q) in em {
-            let qp = format!("{p}.electron_microscope.{path}");
-            if RETIRED.contains(&path.as_str()) {
-                return fail(
-                    qp,
-                    "x/y names of specification 0.0.1 are retired; use _row/_column",
-                );
-            }
-            check_quantity(q, &qp)?;
-            if let Some(units) = canonical_units(path) {
-                if !units.contains(&unit(q)) {
-                    return fail(
-                        qp,
-                        format!("schema 2 requires the canonical unit {units:?}"),
-                    );
-                }
-            }
-        }
-        let pairs = [
-            ("scan_controller/regular_scan/pixel_size_row", 0),
-            ("scan_controller/regular_scan/pixel_size_column", 1),
-            ("imaging_system/reciprocal_pixel_size_row", 2),
-            ("imaging_system/reciprocal_pixel_size_column", 3),
-        ];
-        for (path, i) in pairs {
-            let Some(q) = em.get(path) else { continue };
-            let qp = format!("{p}.electron_microscope.{path}");
-            let Some(s) = axes[i].get("sampling") else {
-                return fail(qp, format!("needs the same sampling on axis {}", AXES[i]));
-            };
-            let (a, b) = (
-                q["value"].as_f64().unwrap_or(f64::NAN),
-                s["value"].as_f64().unwrap_or(f64::NAN),
-            );
-            if unit(q) != unit(s) || (a - b).abs() > 1e-14 * a.abs().max(b.abs()) {
-                return fail(
-                    qp,
-                    format!("conflicts with the sampling of axis {}", AXES[i]),
-                );
-            }
-        }
-    }
-    if let Some(ov) = o.get("calibration_overrides") {
-        check_overrides(ov, &format!("{p}.calibration_overrides"))?;
-    }
-    if let Some(docs) = o.get("source_documents") {
-        check_documents(docs, &format!("{p}.source_documents"))?;
-    }
-    if let Some(sample) = o.get("sample") {
-        if !sample.is_object() || !nonblank(sample.get("provenance")) {
-            return fail(
-                format!("{p}.sample"),
-                "must be an object with a non-empty provenance",
-            );
-        }
-    }
-    if o.get("extensions").is_some_and(|e| !e.is_object()) {
-        return fail(format!("{p}.extensions"), "must be an object");
-    }
-    check_declared_processing(processing, dtype, metadata)?;
-    if codec == SCALED_CODEC {
-        let declared = processing.iter().any(|r| {
-            r["operation"] == "scaled_uint16_quantization" && r["changes_measurements"] == true
-        });
-        if !declared {
-            return fail(
-                format!("{p}.processing"),
-                "scaled files must declare scaled_uint16_quantization with changes_measurements true",
-            );
-        }
-    }
-    Ok(())
-}
-
-fn check_overrides(ov: &Value, p: &str) -> Result<(), WriteError> {
-    let Some(ov) = ov.as_object() else {
-        return fail(p, "must be an object");
-    };
-    let allowed: &[(&str, &[&str])] = &[
-        ("electron_source/accelerating_voltage", &["kV"]),
-        ("illumination_system/semi_convergence_angle", &["mrad"]),
-        ("scan_controller/regular_scan/dwell_time", &["us"]),
-        ("imaging_system/camera_length", &["mm"]),
-        ("scan_controller/regular_scan/pixel_size_row", &["angstrom"]),
-        (
-            "scan_controller/regular_scan/pixel_size_column",
-            &["angstrom"],
-        ),
-        (
-            "imaging_system/reciprocal_pixel_size_row",
-            &["mrad", "1/angstrom"],
-        ),
-        (
-            "imaging_system/reciprocal_pixel_size_column",
-            &["mrad", "1/angstrom"],
-        ),
-    ];
-    for (path, q) in ov {
-        let qp = format!("{p}.{path}");
-        let Some((_, units)) = allowed.iter().find(|(a, _)| a == path) else {
-            return fail(qp, "not an overridable calibration");
-        };
-        let value = check_quantity(q, &qp)?;
-        if !units.contains(&unit(q))
-            || q["provenance"] != "user_override"
-            || !nonblank(q.get("evidence"))
-        {
-            return fail(
-                qp,
-                "needs a canonical unit, provenance \"user_override\" and non-empty evidence",
-            );
-        }
-        if path.contains("pixel_size_")
-            && path.starts_with("scan")
-            && !(1e-4..=1e4).contains(&value)
-        {
-            return fail(qp, "scan steps must lie within 1e-4 to 1e4 angstrom");
-        }
-    }
-    for (row, col) in [
-        (
-            "scan_controller/regular_scan/pixel_size_row",
-            "scan_controller/regular_scan/pixel_size_column",
-        ),
-        (
-            "imaging_system/reciprocal_pixel_size_row",
-            "imaging_system/reciprocal_pixel_size_column",
-        ),
-    ] {
-        match (ov.get(row), ov.get(col)) {
-            (None, None) => {}
-            (Some(a), Some(b)) if unit(a) == unit(b) => {}
-            _ => {
-                return fail(
-                    format!("{p}.{row}"),
-                    "row and column overrides come in pairs with one unit",
-                )
-            }
-        }
-    }
-    Ok(())
-}
-
-fn check_documents(docs: &Value, p: &str) -> Result<(), WriteError> {
-    let Some(docs) = docs.as_array() else {
-        return fail(p, "must be a list");
-    };
-    if docs.len() > 16 {
-        return fail(p, "at most 16 source documents");
-    }
-    let mut total = 0usize;
-    for (i, d) in docs.iter().enumerate() {
-        let dp = format!("{p}[{i}]");
-        let name = d.get("filename").and_then(Value::as_str).unwrap_or("");
-        if name.is_empty() || name.contains(['/', '\\']) {
-            return fail(dp, "filename must be non-empty without path separators");
-        }
-        let media = d.get("mediaType").and_then(Value::as_str);
-        let Some(content) = d.get("content").and_then(Value::as_str) else {
-            return fail(dp, "content must be a string");
-        };
-        match media {
-            Some("application/json") => {
-                if !serde_json::from_str::<Value>(content).is_ok_and(|v| v.is_object()) {
-                    return fail(dp, "JSON documents must parse to an object");
-                }
-            }
-            Some("application/xml") => {
-                let lower = content.to_ascii_lowercase();
-                if lower.contains("<!doctype") || lower.contains("<!entity") {
-                    return fail(dp, "XML documents must not declare a DOCTYPE or entities");
-                }
-            }
-            _ => return fail(dp, "mediaType must be application/xml or application/json"),
-        }
-        let digest = Sha256::digest(content.as_bytes());
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        if d.get("sha256").and_then(Value::as_str) != Some(hex.as_str()) {
-            return fail(dp, "sha256 must be the lowercase SHA-256 of the content");
-        }
-        total += content.len();
-    }
-    if total > 4 << 20 {
-        return fail(p, "source documents may hold at most 4 MiB in total");
-    }
-    Ok(())
-}
-
-fn truthy(v: Option<&Value>) -> bool {
-    match v {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(b)) => *b,
-        Some(Value::Number(n)) => n.as_f64() != Some(0.0),
-        Some(Value::String(s)) => !s.is_empty(),
-        Some(Value::Array(a)) => !a.is_empty(),
-        Some(Value::Object(o)) => !o.is_empty(),
-    }
-}
-
-/// Spec §5.6: what `metadata` says was done must be declared in `processing`.
-fn check_declared_processing(
-    processing: &[Value],
-    dtype: &str,
-    metadata: &Map<String, Value>,
-) -> Result<(), WriteError> {
-    let has = |op: &str, f: &dyn Fn(&Value) -> bool| {
-        processing.iter().any(|r| r["operation"] == op && f(r))
-    };
-    let p = "scientific_metadata.processing";
-    if truthy(
-        metadata
-            .get("hot_pixel_correction")
-            .and_then(|h| h.get("applied")),
-    ) && !has("flagged_pixel_replacement", &|r| {
-        r["changes_measurements"] == true
-    }) {
-        return fail(
-            p,
-            "metadata declares a hot-pixel correction: add flagged_pixel_replacement",
-        );
-    }
-    if truthy(metadata.get("flagged_markers_stored_as_zero"))
-        && !has("flagged_marker_zeroing", &|_| true)
-    {
-        return fail(
-            p,
-            "metadata declares zeroed flag markers: add flagged_marker_zeroing",
-        );
-    }
-    if let Some(src) = metadata.get("source_dtype").and_then(Value::as_str) {
-        if src != dtype {
-            let op = if src == "float64" && dtype == "float32" {
-                "exact_float_narrowing"
-            } else {
-                "exact_integer_narrowing"
-            };
-            let ok = has(op, &|r| {
-                r["source_dtype"] == src
-                    && r["stored_dtype"] == dtype
-                    && r["changes_measurements"] == false
+    if let Some(schema) = sm.get("schema").and_then(Value::as_str) {
+        if schema != SCHEMA_2 {
+            return Err(WriteError::Metadata {
+                path: "schema".into(),
+                reason: format!("new files are written as {SCHEMA_2:?}, not {schema:?}"),
             });
-            if !ok {
-                return fail(
-                    p,
-                    format!("stored as {dtype} from {src}: add a matching {op} record"),
-                );
-            }
         }
+    }
+    // The rules stop at the first fault; check the members in the order the
+    // file will hold them, so that it is the fault the reader reports.
+    let md = ScientificMetadata::validate(&sorted(sm), &shape, Some(metadata), dtype)
+        .map_err(refused)?;
+    if codec == SCALED_CODEC {
+        md.check_scaled_quantization().map_err(refused)?;
     }
     Ok(())
 }

@@ -41,22 +41,20 @@ pub use metadata::{
 };
 
 use crate::publish::{AtomicFile, Overwrite};
+use crate::qem::checksum::hex;
+use crate::qem::envelope;
 use chunk::Frames;
 use publish::{io_error, publish_error, TempFile};
 use spatial::Tiles;
 
-/// Codec identifier of integer counts.
-pub const INTEGER_CODEC: &str = "runtime-column-rans-spatial-v2";
-/// Codec identifier of float32 measurements.
-pub const FLOAT_CODEC: &str = "float32-bit-lanes-rans-v1";
-/// Codec identifier of scaled uint16 derived results.
-pub const SCALED_CODEC: &str = "scaled-uint16-column-rans-v1";
+/// The codec identifiers, as the reader knows them.
+pub use crate::qem::header::{FLOAT_CODEC, INTEGER_CODEC, SCALED_CODEC};
 /// Frames per block of the integer and scaled codecs.
-pub const INTERVAL: u64 = 512;
+pub const INTERVAL: u64 = crate::qem::header::INTERVAL as u64;
 /// Largest header the format allows.
-pub const MAX_HEADER_BYTES: usize = 16 << 20;
+pub const MAX_HEADER_BYTES: usize = envelope::MAX_HEADER_BYTES as usize;
 /// Body bytes covered by one `sha256` entry.
-pub const CHECKSUM_BLOCK: u64 = 64 << 20;
+pub const CHECKSUM_BLOCK: u64 = crate::qem::checksum::CHECKSUM_BLOCK as u64;
 /// Default chunk length (scans) of the integer and scaled codecs.
 pub const DEFAULT_CHUNK_SCANS: u64 = 512;
 /// Longest chunk the reference writer uses for counts (two blocks).
@@ -81,18 +79,20 @@ pub enum CountDtype {
 }
 
 impl CountDtype {
-    pub fn name(self) -> &'static str {
+    /// The reader's dtype of the same name, size and NumPy type.
+    pub fn dtype(self) -> crate::qem::Dtype {
         match self {
-            CountDtype::U8 => "uint8",
-            CountDtype::U16 => "uint16",
+            CountDtype::U8 => crate::qem::Dtype::U8,
+            CountDtype::U16 => crate::qem::Dtype::U16,
         }
     }
 
+    pub fn name(self) -> &'static str {
+        self.dtype().name()
+    }
+
     fn bytes(self) -> usize {
-        match self {
-            CountDtype::U8 => 1,
-            CountDtype::U16 => 2,
-        }
+        self.dtype().size()
     }
 }
 
@@ -240,8 +240,12 @@ pub enum WriteError {
     Incomplete { got: u64, expected: u64 },
     #[error("invalid scaled calibration regions: {0}")]
     Regions(String),
-    #[error("invalid metadata at {path}: {reason}")]
+    /// A `scientific_metadata` rule refused; the text is the reader's for
+    /// the same fault (`QemError::Metadata`).
+    #[error("scientific metadata {path}: {reason}")]
     Metadata { path: String, reason: String },
+    #[error("metadata.valid_pixels disagrees with the validity mask")]
+    ValidPixels,
     #[error("non-finite number at {path}: JSON headers cannot hold NaN or infinities")]
     NonFinite { path: String },
     #[error("header member {0:?} is set by the writer and cannot be supplied")]
@@ -365,16 +369,6 @@ impl Body {
         }
         out
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    bytes
-        .iter()
-        .fold(String::with_capacity(2 * bytes.len()), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
 }
 
 /// A `.qem` file being written; see the module documentation.
@@ -736,16 +730,17 @@ impl Writer {
             return Err(WriteError::HeaderTooLarge(text.len()));
         }
         let n = text.len() as u64;
-        let mut out = Vec::with_capacity(56 + text.len());
-        out.extend_from_slice(b"QEMDATA1");
+        let start = (envelope::ENVELOPE_BYTES + text.len()) as u64;
+        let mut out = Vec::with_capacity(envelope::ENVELOPE_BYTES + text.len());
+        out.extend_from_slice(envelope::SIGNATURE);
         out.extend_from_slice(&n.to_le_bytes());
-        out.extend_from_slice(&(56 + n).to_le_bytes());
+        out.extend_from_slice(&start.to_le_bytes());
         out.extend_from_slice(&Sha256::digest(text.as_bytes()));
         out.extend_from_slice(text.as_bytes());
         let summary = WriteSummary {
             header_bytes: n,
             body_bytes: self.body.len,
-            file_bytes: 56 + n + self.body.len,
+            file_bytes: start + self.body.len,
         };
         Ok((out, summary))
     }
@@ -896,10 +891,7 @@ fn add_valid_pixels(
             .collect(),
     );
     match metadata.get("valid_pixels") {
-        Some(existing) if *existing != nested => Err(WriteError::Metadata {
-            path: "metadata.valid_pixels".into(),
-            reason: "disagrees with the validity mask".into(),
-        }),
+        Some(existing) if *existing != nested => Err(WriteError::ValidPixels),
         Some(_) => Ok(()),
         None => {
             if valid.iter().any(|&v| !v) {

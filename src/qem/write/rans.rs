@@ -215,10 +215,7 @@ fn run4<'a>(lanes: [Lane<'a>; 4], values: [&[u16]; 4]) -> (Lane<'a>, Lane<'a>, L
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-
-    fn hex(bytes: &[u8]) -> String {
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
-    }
+    use crate::qem::checksum::hex;
 
     /// Independent decoder of §7.1, used to check that the encoder is its inverse.
     pub(crate) fn decode(bytes: &[u8], table: usize, m: usize) -> Option<Vec<u16>> {

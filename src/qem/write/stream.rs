@@ -433,6 +433,7 @@ mod tests {
     use super::*;
     use crate::qem::write::rans::tests::decode;
     use proptest::prelude::*;
+    use rand::{rngs::Xoshiro256PlusPlus, Rng, SeedableRng};
 
     fn enc(values: &[u16], choice: ModelChoice) -> (u8, Vec<u8>) {
         let mut out = Vec::new();
@@ -576,12 +577,10 @@ mod tests {
         let small = prop_oneof![Just(0u16), 0u16..4, 0u16..40, 0u16..=128, any::<u16>()];
         (small.clone(), small, 1usize..=512, any::<u64>()).prop_map(|(a, b, m, seed)| {
             // Mixtures of two value distributions, so histograms vary widely.
-            let mut x = seed | 1;
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
             (0..m)
                 .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = rng.next_u64();
                     let pick = if x % 5 == 0 { b } else { a };
                     if pick == 0 {
                         0
@@ -619,13 +618,10 @@ mod tests {
             spikes in proptest::collection::vec((0usize..512, 200u16..60000), 2..5),
             seed in any::<u64>(),
         ) {
-            let mut x = seed | 1;
+            let mut rng = Xoshiro256PlusPlus::seed_from_u64(seed);
             let mut v: Vec<u16> = (0..m)
                 .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    u16::from(x % 1000 < ones_per_mille)
+                    u16::from(rng.next_u64() % 1000 < ones_per_mille)
                 })
                 .collect();
             for (at, value) in spikes {

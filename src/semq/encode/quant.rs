@@ -158,10 +158,11 @@ impl Quant {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rand::{rngs::Xoshiro256PlusPlus, Rng, SeedableRng};
 
     #[test]
     fn thresholds_reproduce_the_division() {
-        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut rng = Xoshiro256PlusPlus::seed_from_u64(0x1234_5678_9abc_def0);
         for (dim, bins) in [
             (1, 2),
             (4, 3),
@@ -184,9 +185,7 @@ mod tests {
                 }
             }
             for _ in 0..20000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
+                let x = rng.next_u64();
                 let v = f32::from_bits(x as u32);
                 if v.is_finite() && v.abs() >= f32::MIN_POSITIVE {
                     values.push(v);
