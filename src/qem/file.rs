@@ -19,12 +19,14 @@ use sha2::{Digest, Sha256};
 use super::checksum::{hex, BodyIntegrity};
 use super::envelope::Envelope;
 use super::error::{QemError, Result, StreamFault, StreamSite};
+use super::frame_major::{self, Rows, SLAB};
 use super::header::{Codec, Dtype, Header, ValidMask};
 use super::json::parse_strict;
+use super::lanes::Kernel;
 use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
 use super::metadata::ScientificMetadata;
 use super::scaled::IntensityCalibration;
-use super::spatial::{self, Tile};
+use super::spatial::{self, FrameSums, Tile};
 use super::stream::{StreamTable, LOCKSTEP};
 
 enum Source {
@@ -537,6 +539,103 @@ impl QemFile {
         Ok(())
     }
 
+    /// Whether blocks hold u16 streams that [`frame_major`] decodes:
+    /// integer uint16 counts or scaled codes.
+    fn u16_blocks(&self) -> bool {
+        match self.codec() {
+            Codec::Integer => self.stored_dtype() == Dtype::U16,
+            Codec::Scaled => true,
+            Codec::Float => false,
+        }
+    }
+
+    /// Decodes `info` frame-major into `rows` with the fastest kernel here,
+    /// passing each completed slab to `on_slab`. `Ok(false)`: some stream
+    /// does not decode cleanly, and the stream-by-stream path must name it.
+    fn block_rows(
+        &self,
+        info: &BlockInfo,
+        rows: Rows<'_>,
+        on_slab: impl FnMut(usize, &[u8]),
+    ) -> Result<bool> {
+        let chunk = &self.layout.chunks[info.chunk];
+        let table = self.stream_table(info.chunk)?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let done = frame_major::decode(
+            &table,
+            first,
+            count,
+            info.frames,
+            Kernel::best(),
+            rows,
+            on_slab,
+        );
+        Ok(done.is_ok())
+    }
+
+    /// Full validation of one u16 block: decoded slab by slab, each slab
+    /// summed into the spatial index fields (integer codec) while in cache.
+    /// A block that does not decode cleanly, or whose sums differ, is
+    /// checked again stream by stream so that the first fault is named.
+    fn validate_u16_block(&self, info: &BlockInfo) -> Result<()> {
+        let m = info.frames;
+        let p = self.pixels();
+        let [_, _, r, c] = self.shape();
+        let integer = self.codec() == Codec::Integer;
+        let all_valid;
+        let valid = match self.valid_mask() {
+            Some(v) => v,
+            None => {
+                all_valid = ValidMask::all_valid(p);
+                &all_valid
+            }
+        };
+        let mut sums = integer.then(|| FrameSums::new(r, c, valid));
+        let mut computed = vec![0u64; if integer { self.layout.fields * m } else { 0 }];
+        let mut slab = vec![0u16; SLAB.min(m) * p];
+        let clean = self.block_rows(
+            info,
+            Rows::Slab(bytemuck::cast_slice_mut(&mut slab)),
+            |t0, rows| {
+                if let Some(sums) = sums.as_mut() {
+                    match bytemuck::try_cast_slice::<u8, u16>(rows) {
+                        Ok(frames) => sums.add(frames, t0, &mut computed),
+                        Err(_) => {
+                            let frames: Vec<u16> = rows
+                                .chunks_exact(2)
+                                .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                                .collect();
+                            sums.add(&frames, t0, &mut computed);
+                        }
+                    }
+                }
+            },
+        )?;
+        if clean && (!integer || self.spatial_agrees(info, &computed)?) {
+            return Ok(());
+        }
+        let cols = self.block_columns(info)?;
+        if integer {
+            self.check_spatial(info, &cols)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the stored spatial index of `info` equals `computed`
+    /// (frame-major: `computed[frame * fields + field]`).
+    fn spatial_agrees(&self, info: &BlockInfo, computed: &[u64]) -> Result<bool> {
+        let stored = self.block_spatial(info)?;
+        let (m, fields) = (info.frames, self.layout.fields);
+        Ok(stored.len() == computed.len()
+            && stored.chunks_exact(m).enumerate().all(|(f, field)| {
+                field
+                    .iter()
+                    .zip(computed[f..].iter().step_by(fields))
+                    .all(|(&s, &c)| u64::from(s) == c)
+            }))
+    }
+
     /// The verified, structurally checked streams of `block`, undecoded.
     pub fn raw_block_streams(&self, block: usize) -> Result<RawBlockStreams<'_>> {
         let info = *self.block_info(block)?;
@@ -645,9 +744,19 @@ impl QemFile {
             parts.push((info, head));
             rest = tail;
         }
+        // One block per task, straight into the output, when there are
+        // blocks enough to keep every thread busy; else each block's
+        // pixels are spread over the threads.
+        let whole_blocks =
+            self.u16_blocks() && self.layout.blocks.len() >= rayon::current_num_threads();
         let results: Vec<Result<()>> = parts
             .into_par_iter()
-            .map(|(info, part)| self.block_dense(info, 0, info.frames, part))
+            .map(|(info, part)| {
+                if whole_blocks && self.block_rows(info, Rows::Whole(part), |_, _| {})? {
+                    return Ok(());
+                }
+                self.block_dense(info, 0, info.frames, part)
+            })
             .collect();
         results.into_iter().collect::<Result<()>>()?;
         if let Some(expected) = &self.header.logical_sha256 {
@@ -1003,12 +1112,14 @@ impl QemFile {
             let dense: Vec<Result<Option<Vec<u8>>>> = blocks[i..j]
                 .par_iter()
                 .map(|info| match self.codec() {
-                    Codec::Integer => {
+                    _ if self.u16_blocks() => self.validate_u16_block(info).map(|_| None),
+                    Codec::Integer | Codec::Scaled => {
                         let cols = self.block_columns(info)?;
-                        self.check_spatial(info, &cols)?;
+                        if self.codec() == Codec::Integer {
+                            self.check_spatial(info, &cols)?;
+                        }
                         Ok(None)
                     }
-                    Codec::Scaled => self.block_columns(info).map(|_| None),
                     Codec::Float => {
                         let mut out = vec![0u8; info.decoded_bytes];
                         self.block_dense(info, 0, info.frames, &mut out)?;
