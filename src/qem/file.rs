@@ -592,27 +592,43 @@ impl QemFile {
             }
         };
         let mut sums = integer.then(|| FrameSums::new(r, c, valid));
-        let mut computed = vec![0u64; if integer { self.layout.fields * m } else { 0 }];
-        let mut slab = vec![0u16; SLAB.min(m) * p];
-        let clean = self.block_rows(
-            info,
-            Rows::Slab(bytemuck::cast_slice_mut(&mut slab)),
-            |t0, rows| {
-                if let Some(sums) = sums.as_mut() {
-                    match bytemuck::try_cast_slice::<u8, u16>(rows) {
-                        Ok(frames) => sums.add(frames, t0, &mut computed),
-                        Err(_) => {
-                            let frames: Vec<u16> = rows
-                                .chunks_exact(2)
-                                .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-                                .collect();
-                            sums.add(&frames, t0, &mut computed);
+        let fields = if integer { self.layout.fields } else { 0 };
+        // Reused across blocks: fresh buffers cost more in page faults
+        // than their sums. Every element is written before it is read.
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u32>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        }
+        let (clean, agrees) = SCRATCH.with_borrow_mut(|(slab, computed)| {
+            slab.resize(SLAB.min(m) * p, 0);
+            computed.resize(fields * m, 0);
+            let clean = self.block_rows(
+                info,
+                Rows::Slab(bytemuck::cast_slice_mut(slab)),
+                |t0, rows| {
+                    if let Some(sums) = sums.as_mut() {
+                        match bytemuck::try_cast_slice::<u8, u16>(rows) {
+                            Ok(frames) => sums.add(frames, t0, computed),
+                            Err(_) => {
+                                let frames: Vec<u16> = rows
+                                    .chunks_exact(2)
+                                    .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                                    .collect();
+                                sums.add(&frames, t0, computed);
+                            }
                         }
                     }
-                }
-            },
-        )?;
-        if clean && (!integer || self.spatial_agrees(info, &computed)?) {
+                },
+            );
+            let agrees = match (&clean, integer) {
+                (Ok(true), true) => self.spatial_agrees(info, computed),
+                (Ok(c), _) => Ok(*c),
+                (Err(_), _) => Ok(false),
+            };
+            (clean, agrees)
+        });
+        let clean = clean? && agrees?;
+        if clean {
             return Ok(());
         }
         let cols = self.block_columns(info)?;
@@ -624,7 +640,7 @@ impl QemFile {
 
     /// Whether the stored spatial index of `info` equals `computed`
     /// (frame-major: `computed[frame * fields + field]`).
-    fn spatial_agrees(&self, info: &BlockInfo, computed: &[u64]) -> Result<bool> {
+    fn spatial_agrees(&self, info: &BlockInfo, computed: &[u32]) -> Result<bool> {
         let stored = self.block_spatial(info)?;
         let (m, fields) = (info.frames, self.layout.fields);
         Ok(stored.len() == computed.len()
@@ -632,7 +648,7 @@ impl QemFile {
                 field
                     .iter()
                     .zip(computed[f..].iter().step_by(fields))
-                    .all(|(&s, &c)| u64::from(s) == c)
+                    .all(|(&s, &c)| s == c)
             }))
     }
 

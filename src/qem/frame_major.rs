@@ -1,6 +1,6 @@
 //! A whole block of u16 streams (integer counts, scaled codes) decoded
 //! straight into frame-major rows, a slab of [`SLAB`] frames at a time
-//! across all its pixels: each [lane group](super::lanes) decodes its 32
+//! across all its pixels: each [lane group](super::lanes) decodes its 64
 //! pixels' next frames and leaves its state for the next slab, so every
 //! slab is complete, contiguous and still in cache when it is done. The
 //! whole-array decoder writes the slabs into its output; validation sums
@@ -16,8 +16,9 @@ use super::lanes::{Group, Kernel, LANES, STEP_BYTES, WINDOW};
 use super::rans;
 use super::stream::{self, StreamTable, RANS_TABLES, ZEROS};
 
-/// Frames per slab: 64 frames of a 128×128 detector are 2 MiB.
-pub const SLAB: usize = 64;
+/// Frames per slab: 32 frames of a 128×128 detector are 1 MiB, which
+/// stays in a core's L2 cache until validation has summed it.
+pub const SLAB: usize = 32;
 
 /// Some stream of the block does not decode cleanly (or is not a u16
 /// stream): decode it with the reference path to name the fault.

@@ -109,8 +109,9 @@ impl FrameSums {
     /// Adds the field sums of `frames` (`k` whole frames of little-endian
     /// u16 counts) as frames `t0..t0 + k`, frame-major:
     /// `out[frame * fields + t]` is field `t` (the transpose of
-    /// [`sums_from_columns`], so that each frame's sums are one run).
-    pub(crate) fn add(&mut self, frames: &[u16], t0: usize, out: &mut [u64]) {
+    /// [`sums_from_columns`], so that each frame's sums are one run). A
+    /// 32×32 tile sums at most 1024 u16 counts, so u32 holds it exactly.
+    pub(crate) fn add(&mut self, frames: &[u16], t0: usize, out: &mut [u32]) {
         let (r, c) = (self.rows, self.cols);
         let (g8r, g8c) = Tile::Px8.grid(r, c);
         let (_, g32c) = Tile::Px32.grid(r, c);
@@ -118,7 +119,6 @@ impl FrameSums {
         let fields = base32 + Tile::Px32.grid(r, c).0 * g32c;
         for (k, frame) in frames.chunks_exact(r * c).enumerate() {
             for (by, band_rows) in frame.chunks(8 * c).enumerate() {
-                self.band.fill(0);
                 add_band(&mut self.band, band_rows, &self.mask[by * 8 * c..]);
                 for (tx, cols) in self.band.chunks(8).enumerate() {
                     self.tiles8[by * g8c + tx] = cols.iter().sum();
@@ -129,7 +129,7 @@ impl FrameSums {
             large.fill(0);
             for ty in 0..g8r {
                 for tx in 0..g8c {
-                    let s = u64::from(self.tiles8[ty * g8c + tx]);
+                    let s = self.tiles8[ty * g8c + tx];
                     small[ty * g8c + tx] = s;
                     large[(ty / 4) * g32c + tx / 4] += s;
                 }
@@ -138,19 +138,36 @@ impl FrameSums {
     }
 }
 
-/// Adds the valid counts of each column of `rows` (whole rows of
-/// `band.len()` pixels) to `band`: in AVX2 registers where present (the
-/// library is built for baseline x86-64), else as the compiler vectorises.
+/// Sets `band` to the sums of the valid counts of each column of `rows`
+/// (whole rows of `band.len()` pixels), 64 columns at a time so that the
+/// sums stay in registers: AVX2 registers where present (the library is
+/// built for baseline x86-64), else as the compiler vectorises.
 fn add_band(band: &mut [u32], rows: &[u16], mask: &[u16]) {
+    const W: usize = 64;
+    #[inline(always)]
+    fn columns<const N: usize>(x0: usize, c: usize, rows: &[u16], mask: &[u16], out: &mut [u32]) {
+        let mut acc = [0u32; N];
+        for (row, mask) in rows.chunks_exact(c).zip(mask.chunks_exact(c)) {
+            let (row, mask) = (&row[x0..x0 + N], &mask[x0..x0 + N]);
+            for i in 0..N {
+                acc[i] += u32::from(u16::from_le(row[i]) & mask[i]);
+            }
+        }
+        out[..N].copy_from_slice(&acc);
+    }
     #[inline(always)]
     fn add(band: &mut [u32], rows: &[u16], mask: &[u16]) {
-        for (row, mask) in rows
-            .chunks_exact(band.len())
-            .zip(mask.chunks_exact(band.len()))
-        {
-            for ((acc, &v), &keep) in band.iter_mut().zip(row).zip(mask) {
-                *acc += u32::from(u16::from_le(v) & keep);
-            }
+        let c = band.len();
+        let full = c - c % W;
+        for x0 in (0..full).step_by(W) {
+            columns::<W>(x0, c, rows, mask, &mut band[x0..]);
+        }
+        for x in full..c {
+            band[x] = rows
+                .chunks_exact(c)
+                .zip(mask.chunks_exact(c))
+                .map(|(row, mask)| u32::from(u16::from_le(row[x]) & mask[x]))
+                .sum();
         }
     }
     #[cfg(target_arch = "x86_64")]
@@ -249,14 +266,14 @@ mod tests {
                 a * b
             };
             let want = sums_from_columns(&cols, m, fields, &pixel_fields(r, c), &valid);
-            let mut got = vec![u64::MAX; fields * m];
+            let mut got = vec![u32::MAX; fields * m];
             let mut sums = FrameSums::new(r, c, &valid);
             for t0 in (0..m).step_by(10) {
                 let k = 10.min(m - t0);
                 sums.add(&frames[t0 * p..(t0 + k) * p], t0, &mut got);
             }
             let got: Vec<u64> = (0..fields * m)
-                .map(|i| got[(i % m) * fields + i / m])
+                .map(|i| u64::from(got[(i % m) * fields + i / m]))
                 .collect();
             assert_eq!(got, want, "{r}x{c}");
         }
