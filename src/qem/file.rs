@@ -639,17 +639,26 @@ impl QemFile {
     }
 
     /// Whether the stored spatial index of `info` equals `computed`
-    /// (frame-major: `computed[frame * fields + field]`).
+    /// (frame-major: `computed[frame * fields + field]`), one field at a
+    /// time.
     fn spatial_agrees(&self, info: &BlockInfo, computed: &[u32]) -> Result<bool> {
-        let stored = self.block_spatial(info)?;
         let (m, fields) = (info.frames, self.layout.fields);
-        Ok(stored.len() == computed.len()
-            && stored.chunks_exact(m).enumerate().all(|(f, field)| {
-                field
-                    .iter()
-                    .zip(computed[f..].iter().step_by(fields))
-                    .all(|(&s, &c)| s == c)
-            }))
+        if computed.len() != m * fields {
+            return Ok(false);
+        }
+        let arrays = self.spatial_arrays(info.chunk)?;
+        let mut stored = vec![0u32; m];
+        for t in 0..fields {
+            self.block_field(arrays, info, t, &mut stored);
+            if stored
+                .iter()
+                .zip(computed[t..].iter().step_by(fields))
+                .any(|(s, c)| s != c)
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// The verified, structurally checked streams of `block`, undecoded.
@@ -1006,24 +1015,29 @@ impl QemFile {
 
     /// All fields of one block from the index: `out[t * m + k]`.
     fn block_spatial(&self, info: &BlockInfo) -> Result<Vec<u32>> {
-        let (words, offs, widths) = self.spatial_arrays(info.chunk)?;
-        let fields = self.layout.fields;
+        let arrays = self.spatial_arrays(info.chunk)?;
         let m = info.frames;
-        let mut out = vec![0u32; fields * m];
-        for t in 0..fields {
-            let i = info.block_in_chunk * fields + t;
-            let a =
-                u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or_default()) as usize;
-            let b = u64::from_le_bytes(offs[8 * i + 8..8 * i + 16].try_into().unwrap_or_default())
-                as usize;
-            spatial::unpack(
-                &words[4 * a..4 * b],
-                u32::from(widths[i]),
-                m,
-                &mut out[t * m..(t + 1) * m],
-            );
+        let mut out = vec![0u32; self.layout.fields * m];
+        for (t, field) in out.chunks_exact_mut(m.max(1)).enumerate() {
+            self.block_field(arrays, info, t, field);
         }
         Ok(out)
+    }
+
+    /// Field `t` of one block from its chunk's checked spatial `arrays`
+    /// (`out.len() == m`).
+    fn block_field(
+        &self,
+        (words, offs, widths): (&[u8], &[u8], &[u8]),
+        info: &BlockInfo,
+        t: usize,
+        out: &mut [u32],
+    ) {
+        let i = info.block_in_chunk * self.layout.fields + t;
+        let a = u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or_default()) as usize;
+        let b =
+            u64::from_le_bytes(offs[8 * i + 8..8 * i + 16].try_into().unwrap_or_default()) as usize;
+        spatial::unpack(&words[4 * a..4 * b], u32::from(widths[i]), info.frames, out);
     }
 
     /// Tile sums from the spatial index (integer codec), without decoding
