@@ -89,12 +89,10 @@ pub(crate) struct FrameSums {
     /// 0xffff for valid pixels, 0 for the others.
     mask: Vec<u16>,
     band: Vec<u32>,
-    tiles8: Vec<u32>,
 }
 
 impl FrameSums {
     pub(crate) fn new(rows: usize, cols: usize, valid: &ValidMask) -> Self {
-        let (g8r, g8c) = Tile::Px8.grid(rows, cols);
         FrameSums {
             rows,
             cols,
@@ -102,7 +100,6 @@ impl FrameSums {
                 .map(|p| if valid.is_valid(p) { u16::MAX } else { 0 })
                 .collect(),
             band: vec![0; cols],
-            tiles8: vec![0; g8r * g8c],
         }
     }
 
@@ -113,25 +110,22 @@ impl FrameSums {
     /// 32×32 tile sums at most 1024 u16 counts, so u32 holds it exactly.
     pub(crate) fn add(&mut self, frames: &[u16], t0: usize, out: &mut [u32]) {
         let (r, c) = (self.rows, self.cols);
-        let (g8r, g8c) = Tile::Px8.grid(r, c);
+        let (_, g8c) = Tile::Px8.grid(r, c);
         let (_, g32c) = Tile::Px32.grid(r, c);
         let base32 = Tile::Px32.first_field(r, c);
         let fields = base32 + Tile::Px32.grid(r, c).0 * g32c;
         for (k, frame) in frames.chunks_exact(r * c).enumerate() {
-            for (by, band_rows) in frame.chunks(8 * c).enumerate() {
-                add_band(&mut self.band, band_rows, &self.mask[by * 8 * c..]);
-                for (tx, cols) in self.band.chunks(8).enumerate() {
-                    self.tiles8[by * g8c + tx] = cols.iter().sum();
-                }
-            }
             let sums = &mut out[(t0 + k) * fields..(t0 + k + 1) * fields];
             let (small, large) = sums.split_at_mut(base32);
             large.fill(0);
-            for ty in 0..g8r {
-                for tx in 0..g8c {
-                    let s = self.tiles8[ty * g8c + tx];
-                    small[ty * g8c + tx] = s;
-                    large[(ty / 4) * g32c + tx / 4] += s;
+            for (by, band_rows) in frame.chunks(8 * c).enumerate() {
+                add_band(&mut self.band, band_rows, &self.mask[by * 8 * c..]);
+                let tiles = &mut small[by * g8c..(by + 1) * g8c];
+                let wide = &mut large[(by / 4) * g32c..(by / 4 + 1) * g32c];
+                for (tx, (tile, cols)) in tiles.iter_mut().zip(self.band.chunks(8)).enumerate() {
+                    let s: u32 = cols.iter().sum();
+                    *tile = s;
+                    wide[tx / 4] += s;
                 }
             }
         }
