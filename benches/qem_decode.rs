@@ -1,7 +1,9 @@
 //! Decode speed of the `.qem` reader: plain timing program (`harness = false`).
 //!
 //! Run: `cargo bench --bench qem_decode` (optionally `-- SCANS_SIDE DET_SIDE`,
-//! default 64 and 128). With `QEM_BENCH_ONLY=rans` (or `whole`) it runs
+//! default 64 and 128; `-- 128` is the issue-18 acquisition). With
+//! `QEM_BENCH_FILE=PATH` the generated file is also written to `PATH`, for
+//! timing `qem validate PATH`. With `QEM_BENCH_ONLY=rans` (or `whole`) it runs
 //! nothing but the 4-lane rANS loop (or whole-array decoding), for profilers.
 //!
 //! The writer lives elsewhere, so this program builds its own input: a
@@ -295,6 +297,15 @@ fn main() {
         dense_bytes.len() as f64 / file.len() as f64
     );
 
+    if let Ok(path) = std::env::var("QEM_BENCH_FILE") {
+        // The same acquisition on disk, for `qem validate` (whole process).
+        std::fs::write(&path, &file).expect("bench file written");
+        println!("written to {path}");
+    }
+    println!(
+        "decode kernel: {} (QEMFS_KERNEL=avx512|avx2|portable picks another)",
+        qemfs::qem::lanes::Kernel::best().name()
+    );
     let qem = QemFile::from_bytes(file.clone()).expect("bench file opens");
     let report = qem
         .validate(ValidationLevel::Quick)

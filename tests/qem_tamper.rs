@@ -217,22 +217,39 @@ fn a_file_changed_during_validation_is_reported_as_changed() {
     std::fs::write(&path, encode_to_vec(spec, &dense).unwrap()).unwrap();
     assert!(validate_path(&path, ValidationLevel::Full).is_ok());
 
-    // Touch the file until validation returns: it changed while being read.
+    // Touch the file, without pause, while it is validated: it changed
+    // while being read. The toucher starts first; as a validation can
+    // still fall between two touches (it takes about a millisecond), a
+    // verdict may be Ok, but never another error, and within a few tries
+    // one says Changed.
     let done = std::sync::atomic::AtomicBool::new(false);
+    let touches = std::sync::atomic::AtomicU64::new(0);
     let verdict = std::thread::scope(|s| {
-        let check = s.spawn(|| {
-            let v = validate_path(&path, ValidationLevel::Full);
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-            v
+        s.spawn(|| {
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            let mut k = 0u64;
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                k += 1;
+                let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + k);
+                file.set_modified(t).unwrap();
+                touches.store(k, std::sync::atomic::Ordering::SeqCst);
+            }
         });
-        let file = std::fs::File::options().write(true).open(&path).unwrap();
-        let mut k = 0u64;
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            k += 1;
-            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + k);
-            file.set_modified(t).unwrap();
+        while touches.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
         }
-        check.join().unwrap()
+        let mut verdict = Ok(());
+        for _ in 0..50 {
+            match validate_path(&path, ValidationLevel::Full) {
+                Ok(_) => continue,
+                Err(e) => {
+                    verdict = Err(e);
+                    break;
+                }
+            }
+        }
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        verdict
     });
     let err = verdict.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Changed, "{err}");

@@ -19,12 +19,14 @@ use sha2::{Digest, Sha256};
 use super::checksum::{hex, BodyIntegrity};
 use super::envelope::Envelope;
 use super::error::{QemError, Result, StreamFault, StreamSite};
+use super::frame_major::{self, Rows, SLAB};
 use super::header::{Codec, Dtype, Header, ValidMask};
 use super::json::parse_strict;
+use super::lanes::Kernel;
 use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
 use super::metadata::ScientificMetadata;
 use super::scaled::IntensityCalibration;
-use super::spatial::{self, Tile};
+use super::spatial::{self, FrameSums, Tile};
 use super::stream::{StreamTable, LOCKSTEP};
 
 enum Source {
@@ -537,6 +539,128 @@ impl QemFile {
         Ok(())
     }
 
+    /// Whether blocks hold u16 streams that [`frame_major`] decodes:
+    /// integer uint16 counts or scaled codes.
+    fn u16_blocks(&self) -> bool {
+        match self.codec() {
+            Codec::Integer => self.stored_dtype() == Dtype::U16,
+            Codec::Scaled => true,
+            Codec::Float => false,
+        }
+    }
+
+    /// Decodes `info` frame-major into `rows` with the fastest kernel here,
+    /// passing each completed slab to `on_slab`. `Ok(false)`: some stream
+    /// does not decode cleanly, and the stream-by-stream path must name it.
+    fn block_rows(
+        &self,
+        info: &BlockInfo,
+        rows: Rows<'_>,
+        on_slab: impl FnMut(usize, &[u8]),
+    ) -> Result<bool> {
+        let chunk = &self.layout.chunks[info.chunk];
+        let table = self.stream_table(info.chunk)?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let done = frame_major::decode(
+            &table,
+            first,
+            count,
+            info.frames,
+            Kernel::best(),
+            rows,
+            on_slab,
+        );
+        Ok(done.is_ok())
+    }
+
+    /// Full validation of one u16 block: decoded slab by slab, each slab
+    /// summed into the spatial index fields (integer codec) while in cache.
+    /// A block that does not decode cleanly, or whose sums differ, is
+    /// checked again stream by stream so that the first fault is named.
+    fn validate_u16_block(&self, info: &BlockInfo) -> Result<()> {
+        let m = info.frames;
+        let p = self.pixels();
+        let [_, _, r, c] = self.shape();
+        let integer = self.codec() == Codec::Integer;
+        let all_valid;
+        let valid = match self.valid_mask() {
+            Some(v) => v,
+            None => {
+                all_valid = ValidMask::all_valid(p);
+                &all_valid
+            }
+        };
+        let mut sums = integer.then(|| FrameSums::new(r, c, valid));
+        let fields = if integer { self.layout.fields } else { 0 };
+        // Reused across blocks: fresh buffers cost more in page faults
+        // than their sums. Every element is written before it is read.
+        thread_local! {
+            static SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u32>)> =
+                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+        }
+        let (clean, agrees) = SCRATCH.with_borrow_mut(|(slab, computed)| {
+            slab.resize(SLAB.min(m) * p, 0);
+            computed.resize(fields * m, 0);
+            let clean = self.block_rows(
+                info,
+                Rows::Slab(bytemuck::cast_slice_mut(slab)),
+                |t0, rows| {
+                    if let Some(sums) = sums.as_mut() {
+                        match bytemuck::try_cast_slice::<u8, u16>(rows) {
+                            Ok(frames) => sums.add(frames, t0, computed),
+                            Err(_) => {
+                                let frames: Vec<u16> = rows
+                                    .chunks_exact(2)
+                                    .map(|b| u16::from_ne_bytes([b[0], b[1]]))
+                                    .collect();
+                                sums.add(&frames, t0, computed);
+                            }
+                        }
+                    }
+                },
+            );
+            let agrees = match (&clean, integer) {
+                (Ok(true), true) => self.spatial_agrees(info, computed),
+                (Ok(c), _) => Ok(*c),
+                (Err(_), _) => Ok(false),
+            };
+            (clean, agrees)
+        });
+        let clean = clean? && agrees?;
+        if clean {
+            return Ok(());
+        }
+        let cols = self.block_columns(info)?;
+        if integer {
+            self.check_spatial(info, &cols)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the stored spatial index of `info` equals `computed`
+    /// (frame-major: `computed[frame * fields + field]`), one field at a
+    /// time.
+    fn spatial_agrees(&self, info: &BlockInfo, computed: &[u32]) -> Result<bool> {
+        let (m, fields) = (info.frames, self.layout.fields);
+        if computed.len() != m * fields {
+            return Ok(false);
+        }
+        let arrays = self.spatial_arrays(info.chunk)?;
+        let mut stored = vec![0u32; m];
+        for t in 0..fields {
+            self.block_field(arrays, info, t, &mut stored);
+            if stored
+                .iter()
+                .zip(computed[t..].iter().step_by(fields))
+                .any(|(s, c)| s != c)
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// The verified, structurally checked streams of `block`, undecoded.
     pub fn raw_block_streams(&self, block: usize) -> Result<RawBlockStreams<'_>> {
         let info = *self.block_info(block)?;
@@ -645,9 +769,19 @@ impl QemFile {
             parts.push((info, head));
             rest = tail;
         }
+        // One block per task, straight into the output, when there are
+        // blocks enough to keep every thread busy; else each block's
+        // pixels are spread over the threads.
+        let whole_blocks =
+            self.u16_blocks() && self.layout.blocks.len() >= rayon::current_num_threads();
         let results: Vec<Result<()>> = parts
             .into_par_iter()
-            .map(|(info, part)| self.block_dense(info, 0, info.frames, part))
+            .map(|(info, part)| {
+                if whole_blocks && self.block_rows(info, Rows::Whole(part), |_, _| {})? {
+                    return Ok(());
+                }
+                self.block_dense(info, 0, info.frames, part)
+            })
             .collect();
         results.into_iter().collect::<Result<()>>()?;
         if let Some(expected) = &self.header.logical_sha256 {
@@ -881,24 +1015,29 @@ impl QemFile {
 
     /// All fields of one block from the index: `out[t * m + k]`.
     fn block_spatial(&self, info: &BlockInfo) -> Result<Vec<u32>> {
-        let (words, offs, widths) = self.spatial_arrays(info.chunk)?;
-        let fields = self.layout.fields;
+        let arrays = self.spatial_arrays(info.chunk)?;
         let m = info.frames;
-        let mut out = vec![0u32; fields * m];
-        for t in 0..fields {
-            let i = info.block_in_chunk * fields + t;
-            let a =
-                u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or_default()) as usize;
-            let b = u64::from_le_bytes(offs[8 * i + 8..8 * i + 16].try_into().unwrap_or_default())
-                as usize;
-            spatial::unpack(
-                &words[4 * a..4 * b],
-                u32::from(widths[i]),
-                m,
-                &mut out[t * m..(t + 1) * m],
-            );
+        let mut out = vec![0u32; self.layout.fields * m];
+        for (t, field) in out.chunks_exact_mut(m.max(1)).enumerate() {
+            self.block_field(arrays, info, t, field);
         }
         Ok(out)
+    }
+
+    /// Field `t` of one block from its chunk's checked spatial `arrays`
+    /// (`out.len() == m`).
+    fn block_field(
+        &self,
+        (words, offs, widths): (&[u8], &[u8], &[u8]),
+        info: &BlockInfo,
+        t: usize,
+        out: &mut [u32],
+    ) {
+        let i = info.block_in_chunk * self.layout.fields + t;
+        let a = u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or_default()) as usize;
+        let b =
+            u64::from_le_bytes(offs[8 * i + 8..8 * i + 16].try_into().unwrap_or_default()) as usize;
+        spatial::unpack(&words[4 * a..4 * b], u32::from(widths[i]), info.frames, out);
     }
 
     /// Tile sums from the spatial index (integer codec), without decoding
@@ -1003,12 +1142,14 @@ impl QemFile {
             let dense: Vec<Result<Option<Vec<u8>>>> = blocks[i..j]
                 .par_iter()
                 .map(|info| match self.codec() {
-                    Codec::Integer => {
+                    _ if self.u16_blocks() => self.validate_u16_block(info).map(|_| None),
+                    Codec::Integer | Codec::Scaled => {
                         let cols = self.block_columns(info)?;
-                        self.check_spatial(info, &cols)?;
+                        if self.codec() == Codec::Integer {
+                            self.check_spatial(info, &cols)?;
+                        }
                         Ok(None)
                     }
-                    Codec::Scaled => self.block_columns(info).map(|_| None),
                     Codec::Float => {
                         let mut out = vec![0u8; info.decoded_bytes];
                         self.block_dense(info, 0, info.frames, &mut out)?;

@@ -35,9 +35,14 @@ const STATE_UPPER: u32 = 1 << 31;
 /// 16..27 frequency.
 pub type SlotTable = [u32; SLOTS];
 
-fn build_tables() -> Box<[SlotTable; TABLES]> {
-    let mut all = Box::new([[0u32; SLOTS]; TABLES]);
-    for (k, table) in all.iter_mut().enumerate() {
+/// Table index of the idle lane: frequency 1024 for symbol 0, so a step
+/// leaves the state unchanged, never renormalises and yields 0. Lane groups
+/// put it where a detector pixel has no rANS stream.
+pub(crate) const IDLE_TABLE: usize = TABLES;
+
+fn build_tables() -> Box<[SlotTable; TABLES + 1]> {
+    let mut all = Box::new([[0u32; SLOTS]; TABLES + 1]);
+    for (k, table) in all.iter_mut().take(TABLES).enumerate() {
         let mut start = 0usize;
         for (s, &f) in FREQUENCIES[k].iter().enumerate() {
             let f = usize::from(f);
@@ -48,12 +53,16 @@ fn build_tables() -> Box<[SlotTable; TABLES]> {
         }
         debug_assert_eq!(start, SLOTS);
     }
+    for (j, e) in all[IDLE_TABLE].iter_mut().enumerate() {
+        *e = ((SLOTS as u32) << 16) | j as u32;
+    }
     all
 }
 
-/// The slot lookups of all tables, contiguous (table `k` at `k * 1024`).
-fn all_slot_tables() -> &'static [SlotTable; TABLES] {
-    static TABLES_CELL: OnceLock<Box<[SlotTable; TABLES]>> = OnceLock::new();
+/// The slot lookups of all tables and the idle one, contiguous (table `k`
+/// at `k * 1024`).
+pub(crate) fn all_slot_tables() -> &'static [SlotTable; TABLES + 1] {
+    static TABLES_CELL: OnceLock<Box<[SlotTable; TABLES + 1]>> = OnceLock::new();
     TABLES_CELL.get_or_init(build_tables)
 }
 
@@ -68,7 +77,7 @@ pub fn slot_table(k: usize) -> &'static SlotTable {
 /// read big-endian from `i`, and the escape word is always loaded and
 /// selected.
 #[inline(always)]
-fn step(table: &SlotTable, bytes: &[u8], x: u32, i: usize) -> (u32, usize, u16) {
+pub(crate) fn step(table: &SlotTable, bytes: &[u8], x: u32, i: usize) -> (u32, usize, u16) {
     let e = table[(x & SLOT_MASK) as usize];
     let y = (e >> 16) * (x >> SCALE_BITS) + (e & SLOT_MASK);
     let n = u32::from(y < STATE_LOWER) + u32::from(y < (1 << 15));
@@ -185,6 +194,12 @@ impl<'a> Lane<'a> {
     }
 }
 
+/// The checks a stream passes before its first step (known table, at
+/// least the 4 state bytes, state in `[2^23, 2^31)`); returns the state.
+pub(crate) fn initial_state(table: usize, bytes: &[u8]) -> Result<u32, StreamFault> {
+    Lane::new(table, bytes).map(|lane| lane.x)
+}
+
 /// Decodes one rANS stream with table `table` (`< 64`) into `out`
 /// (`out.len()` = the stream's value count).
 pub fn decode(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
@@ -193,7 +208,11 @@ pub fn decode(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamF
 
 /// The reference procedure, step by step with every test; used to name the
 /// exact fault of a stream that the fast path found invalid.
-fn decode_careful(table: usize, bytes: &[u8], out: &mut [u16]) -> Result<(), StreamFault> {
+pub(crate) fn decode_careful(
+    table: usize,
+    bytes: &[u8],
+    out: &mut [u16],
+) -> Result<(), StreamFault> {
     let mut lane = Lane::new(table, bytes)?;
     lane.run(out)?;
     lane.finish()

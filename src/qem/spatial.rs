@@ -79,6 +79,105 @@ pub(crate) fn sums_from_columns(
     out
 }
 
+/// Field sums of valid counts from frame-major frames, for validating a
+/// block slab by slab while it is in cache. Sums the 8 rows of each 8×8
+/// band column-wise first (u32 lanes, vectorised) and then 8 columns at a
+/// time; the 32×32 tiles are sums of the 8×8 tiles they hold.
+pub(crate) struct FrameSums {
+    rows: usize,
+    cols: usize,
+    /// 0xffff for valid pixels, 0 for the others.
+    mask: Vec<u16>,
+    band: Vec<u32>,
+}
+
+impl FrameSums {
+    pub(crate) fn new(rows: usize, cols: usize, valid: &ValidMask) -> Self {
+        FrameSums {
+            rows,
+            cols,
+            mask: (0..rows * cols)
+                .map(|p| if valid.is_valid(p) { u16::MAX } else { 0 })
+                .collect(),
+            band: vec![0; cols],
+        }
+    }
+
+    /// Adds the field sums of `frames` (`k` whole frames of little-endian
+    /// u16 counts) as frames `t0..t0 + k`, frame-major:
+    /// `out[frame * fields + t]` is field `t` (the transpose of
+    /// [`sums_from_columns`], so that each frame's sums are one run). A
+    /// 32×32 tile sums at most 1024 u16 counts, so u32 holds it exactly.
+    pub(crate) fn add(&mut self, frames: &[u16], t0: usize, out: &mut [u32]) {
+        let (r, c) = (self.rows, self.cols);
+        let (_, g8c) = Tile::Px8.grid(r, c);
+        let (_, g32c) = Tile::Px32.grid(r, c);
+        let base32 = Tile::Px32.first_field(r, c);
+        let fields = base32 + Tile::Px32.grid(r, c).0 * g32c;
+        for (k, frame) in frames.chunks_exact(r * c).enumerate() {
+            let sums = &mut out[(t0 + k) * fields..(t0 + k + 1) * fields];
+            let (small, large) = sums.split_at_mut(base32);
+            large.fill(0);
+            for (by, band_rows) in frame.chunks(8 * c).enumerate() {
+                add_band(&mut self.band, band_rows, &self.mask[by * 8 * c..]);
+                let tiles = &mut small[by * g8c..(by + 1) * g8c];
+                let wide = &mut large[(by / 4) * g32c..(by / 4 + 1) * g32c];
+                for (tx, (tile, cols)) in tiles.iter_mut().zip(self.band.chunks(8)).enumerate() {
+                    let s: u32 = cols.iter().sum();
+                    *tile = s;
+                    wide[tx / 4] += s;
+                }
+            }
+        }
+    }
+}
+
+/// Sets `band` to the sums of the valid counts of each column of `rows`
+/// (whole rows of `band.len()` pixels), 64 columns at a time so that the
+/// sums stay in registers: AVX2 registers where present (the library is
+/// built for baseline x86-64), else as the compiler vectorises.
+fn add_band(band: &mut [u32], rows: &[u16], mask: &[u16]) {
+    const W: usize = 64;
+    #[inline(always)]
+    fn columns<const N: usize>(x0: usize, c: usize, rows: &[u16], mask: &[u16], out: &mut [u32]) {
+        let mut acc = [0u32; N];
+        for (row, mask) in rows.chunks_exact(c).zip(mask.chunks_exact(c)) {
+            let (row, mask) = (&row[x0..x0 + N], &mask[x0..x0 + N]);
+            for i in 0..N {
+                acc[i] += u32::from(u16::from_le(row[i]) & mask[i]);
+            }
+        }
+        out[..N].copy_from_slice(&acc);
+    }
+    #[inline(always)]
+    fn add(band: &mut [u32], rows: &[u16], mask: &[u16]) {
+        let c = band.len();
+        let full = c - c % W;
+        for x0 in (0..full).step_by(W) {
+            columns::<W>(x0, c, rows, mask, &mut band[x0..]);
+        }
+        for x in full..c {
+            band[x] = rows
+                .chunks_exact(c)
+                .zip(mask.chunks_exact(c))
+                .map(|(row, mask)| u32::from(u16::from_le(row[x]) & mask[x]))
+                .sum();
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        fn add_avx2(band: &mut [u32], rows: &[u16], mask: &[u16]) {
+            add(band, rows, mask)
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 is present; the function is safe code.
+            return unsafe { add_avx2(band, rows, mask) };
+        }
+    }
+    add(band, rows, mask)
+}
+
 /// Unpacks `m` values of `width` bits, least-significant bit first, from
 /// little-endian u32 words (`words` holds exactly the stream's words).
 pub(crate) fn unpack(words: &[u8], width: u32, m: usize, out: &mut [u32]) {
@@ -127,6 +226,51 @@ mod tests {
         let mut two = [0u32; 2];
         unpack(&w32, 32, 2, &mut two);
         assert_eq!(two, [u32::MAX, 7]);
+    }
+
+    /// The slab-wise sums from frame-major frames equal the column-wise
+    /// sums, with invalid pixels and detectors that are not multiples of 8
+    /// or 32.
+    #[test]
+    fn frame_sums_equal_column_sums() {
+        let mut seed = 0x1234_5678_9abc_def1u64;
+        for (r, c) in [(13usize, 7usize), (40, 33), (64, 64), (8, 200)] {
+            let m = 37;
+            let p = r * c;
+            let flags: String = (0..p.div_ceil(8))
+                .map(|i| format!("{:02x}", if i % 3 == 0 { 0xb7u8 } else { 0xff }))
+                .collect();
+            let valid = ValidMask::parse(&flags, p).unwrap();
+            let mut cols = vec![0u16; p * m];
+            for v in cols.iter_mut() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                *v = if seed.is_multiple_of(97) {
+                    u16::MAX
+                } else {
+                    (seed % 5) as u16
+                };
+            }
+            let frames: Vec<u16> = (0..m * p)
+                .map(|i| cols[(i % p) * m + i / p].to_le())
+                .collect();
+            let fields = Tile::Px32.first_field(r, c) + {
+                let (a, b) = Tile::Px32.grid(r, c);
+                a * b
+            };
+            let want = sums_from_columns(&cols, m, fields, &pixel_fields(r, c), &valid);
+            let mut got = vec![u32::MAX; fields * m];
+            let mut sums = FrameSums::new(r, c, &valid);
+            for t0 in (0..m).step_by(10) {
+                let k = 10.min(m - t0);
+                sums.add(&frames[t0 * p..(t0 + k) * p], t0, &mut got);
+            }
+            let got: Vec<u64> = (0..fields * m)
+                .map(|i| u64::from(got[(i % m) * fields + i / m]))
+                .collect();
+            assert_eq!(got, want, "{r}x{c}");
+        }
     }
 
     #[test]

@@ -116,6 +116,11 @@ impl<'a> StreamTable<'a> {
         Ok(())
     }
 
+    /// Payload byte range of stream `s`; offsets must have been checked.
+    pub fn span(&self, s: usize) -> (usize, usize) {
+        (self.offset(s), self.offset(s + 1))
+    }
+
     /// Selector and bytes of stream `s`; offsets must have been checked.
     pub fn stream(&self, s: usize) -> (u8, &'a [u8]) {
         let (a, b) = (self.offset(s), self.offset(s + 1));
