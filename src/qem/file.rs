@@ -5,12 +5,9 @@
 //! their 64 MiB checksum block has been verified; each block is hashed once
 //! per opened file and its verdict remembered.
 
-use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::OnceLock;
-
-use memmap2::Mmap;
 
 use crate::mapguard::Mapping;
 use rayon::prelude::*;
@@ -133,15 +130,15 @@ fn block_streams(codec: Codec, pixels: usize, block_in_chunk: usize) -> (usize, 
 }
 
 impl QemFile {
-    /// Opens and memory-maps `path`, checking everything but the body.
+    /// Opens and memory-maps `path` (a regular file only: see
+    /// [`crate::regular_file`]), checking everything but the body.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let file = File::open(path)?;
-        // SAFETY: the map is read-only. A file truncated by another process
-        // while mapped faults on access: `mapguard` (when installed) turns
-        // that into zeros and a fault count its callers check; the
-        // format's writers never modify a published file in place.
-        let map = unsafe { Mmap::map(&file)? };
-        Self::from_source(Source::Mapped(Mapping::new(map)))
+        let file = crate::regular_file::open(path.as_ref())?;
+        // A file truncated by another process while mapped faults on
+        // access: `mapguard` (when installed) turns that into zeros and a
+        // fault count its callers check; the format's writers never modify
+        // a published file in place.
+        Self::from_source(Source::Mapped(Mapping::map(&file)?))
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).

@@ -1,6 +1,5 @@
 //! Reading an image: validation in the exact order of spec section 4.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -57,7 +56,7 @@ impl Encoding {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = File::open(path).map_err(io)?;
+        let mut file = crate::regular_file::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < MAP_THRESHOLD {
             // len is below the threshold, so reserving it is bounded.
@@ -72,12 +71,11 @@ impl Encoding {
                 state,
             ));
         }
-        // SAFETY: the map is read-only and only ever read through slices;
-        // a truncation while mapped faults on access, which `mapguard`
-        // (when installed) absorbs and counts.
-        let map = match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
+        // A truncation while mapped faults on access, which `mapguard`
+        // (when installed) absorbs and charges to this mapping.
+        let map = match crate::mapguard::Mapping::map_populated(&file) {
             Ok(map) => map,
-            // Some filesystems and special files cannot be mapped: read them.
+            // Some filesystems cannot map: read the (regular) file instead.
             Err(_) => {
                 let mut bytes = Vec::new();
                 file.read_to_end(&mut bytes).map_err(io)?;
@@ -91,7 +89,6 @@ impl Encoding {
                 ));
             }
         };
-        let map = crate::mapguard::Mapping::new(map);
         let (layout, manifest, content, state) = validate(&map, progress)?;
         Ok(Encoding::from_parts(
             Image::Mapped(map),

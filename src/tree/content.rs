@@ -136,7 +136,7 @@ impl Content for Passthrough {
         }
         let file = self
             .file
-            .get_or_init(|| File::open(&self.path).map_err(|e| e.to_string()));
+            .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));
         let file = file.as_ref().map_err(|e| TreeError::Io {
             path: self.path.clone(),
             reason: e.clone(),
