@@ -108,6 +108,9 @@ pub struct QemFile {
     chunk_tables: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
     chunk_spatial: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
     pixel_fields: OnceLock<Vec<(u32, u32)>>,
+    /// Float codec: the SHA-256 of the whole decoded array once computed,
+    /// or the mismatch with `logical_sha256` (see [`super::logical`]).
+    pub(super) logical: OnceLock<Result<String>>,
 }
 
 impl std::fmt::Debug for QemFile {
@@ -162,6 +165,7 @@ impl QemFile {
             chunk_spatial: (0..n).map(|_| OnceLock::new()).collect(),
             layout,
             pixel_fields: OnceLock::new(),
+            logical: OnceLock::new(),
             source,
         })
     }
@@ -647,14 +651,8 @@ impl QemFile {
             .map(|(info, part)| self.block_dense(info, 0, info.frames, part))
             .collect();
         results.into_iter().collect::<Result<()>>()?;
-        if let Some(expected) = &self.header.logical_sha256 {
-            let actual = hex(&Sha256::digest(&*out));
-            if &actual != expected {
-                return Err(QemError::LogicalChecksum {
-                    expected: expected.clone(),
-                    actual,
-                });
-            }
+        if self.logical_expected().is_some() {
+            self.record(hex(&Sha256::digest(&*out)))?;
         }
         Ok(())
     }
@@ -986,8 +984,10 @@ impl QemFile {
     /// Decodes every block (bounded memory), checks the dtype range, the
     /// spatial index (integer) and `logical_sha256` (float).
     pub(crate) fn check_decode(&self) -> Result<()> {
+        if self.codec() == Codec::Float {
+            return self.verify_logical().map(|_| ());
+        }
         const BATCH_BYTES: usize = 256 * 1024 * 1024;
-        let mut hasher = (self.codec() == Codec::Float).then(Sha256::new);
         let blocks = &self.layout.blocks;
         let mut i = 0;
         while i < blocks.len() {
@@ -997,37 +997,20 @@ impl QemFile {
                 bytes += blocks[j].decoded_bytes;
                 j += 1;
             }
-            let dense: Vec<Result<Option<Vec<u8>>>> = blocks[i..j]
+            // Collected, so that the first bad block in file order is the
+            // one reported.
+            let verdicts: Vec<Result<()>> = blocks[i..j]
                 .par_iter()
-                .map(|info| match self.codec() {
-                    Codec::Integer => {
-                        let cols = self.block_columns(info)?;
+                .map(|info| {
+                    let cols = self.block_columns(info)?;
+                    if self.codec() == Codec::Integer {
                         self.check_spatial(info, &cols)?;
-                        Ok(None)
                     }
-                    Codec::Scaled => self.block_columns(info).map(|_| None),
-                    Codec::Float => {
-                        let mut out = vec![0u8; info.decoded_bytes];
-                        self.block_dense(info, 0, info.frames, &mut out)?;
-                        Ok(Some(out))
-                    }
+                    Ok(())
                 })
                 .collect();
-            for d in dense {
-                if let (Some(h), Some(bytes)) = (hasher.as_mut(), d?) {
-                    h.update(&bytes);
-                }
-            }
+            verdicts.into_iter().collect::<Result<()>>()?;
             i = j;
-        }
-        if let (Some(h), Some(expected)) = (hasher, &self.header.logical_sha256) {
-            let actual = hex(&h.finalize());
-            if &actual != expected {
-                return Err(QemError::LogicalChecksum {
-                    expected: expected.clone(),
-                    actual,
-                });
-            }
         }
         Ok(())
     }
