@@ -69,10 +69,71 @@ fn tampered_spatial_index_fails_full_validation_only() {
         }) => assert_eq!(stored ^ 1, computed),
         other => panic!("expected a spatial index mismatch, got {other:?}"),
     }
-    // What the index says is what it stores: served as is.
-    let sums = f.spatial_sums(Tile::Px8, 0..1).unwrap();
+    // Reading frame 0 decoded its whole block, which compared the block's
+    // counts with its index: from then on the index is refused.
+    assert!(matches!(
+        f.block_index_verdict(0),
+        Some(Err(QemError::SpatialIndex { .. }))
+    ));
+    assert!(matches!(
+        f.spatial_sums(Tile::Px8, 0..1),
+        Err(QemError::SpatialIndex { .. })
+    ));
+    // The counts themselves are sound and still served.
     let good = QemFile::from_bytes(original).unwrap();
-    assert_eq!(sums[0] ^ 1, good.spatial_sums(Tile::Px8, 0..1).unwrap()[0]);
+    let mut want = vec![0u8; good.frame_bytes()];
+    good.read_frame(0, &mut want).unwrap();
+    assert_eq!(frame, want);
+}
+
+#[test]
+fn a_tampered_index_is_never_served_once_checked_or_when_asked_to_verify() {
+    let original = fixture("u8-mixed-13x7");
+    let at = body_start(&original) + array_offset(&original, 3);
+    let mut bytes = original.clone();
+    bytes[at] ^= 1;
+    let bytes = refresh_checksums(bytes, &original);
+    let good = QemFile::from_bytes(original).unwrap();
+    let want = good.spatial_sums(Tile::Px8, 0..1).unwrap();
+
+    // By default a block nothing has decoded yet is trusted (the index is
+    // there to avoid decoding)...
+    let f = QemFile::from_bytes(bytes.clone()).unwrap();
+    assert!(f.block_index_verdict(0).is_none());
+    assert_eq!(f.spatial_sums(Tile::Px8, 0..1).unwrap()[0] ^ 1, want[0]);
+    // ...and asked to verify, it decodes the block first and refuses.
+    assert!(matches!(
+        f.spatial_sums_checked(Tile::Px8, 0..1, true),
+        Err(QemError::SpatialIndex { .. })
+    ));
+    assert!(f.spatial_sums(Tile::Px8, 0..1).is_err(), "remembered");
+
+    // Every whole-block decode checks: codes, dense blocks, frame ranges.
+    for decode in [
+        |f: &QemFile| f.decode_block(0).map(|_| ()),
+        |f: &QemFile| {
+            let mut codes = vec![0u16; f.blocks()[0].frames * f.pixels()];
+            f.decode_block_codes(0, &mut codes)
+        },
+        |f: &QemFile| {
+            let mut out = vec![0u8; 2 * f.frame_bytes()];
+            f.read_frames(1..3, &mut out)
+        },
+    ] {
+        let f = QemFile::from_bytes(bytes.clone()).unwrap();
+        decode(&f).unwrap();
+        assert!(matches!(
+            f.block_index_verdict(0),
+            Some(Err(QemError::SpatialIndex { .. }))
+        ));
+    }
+    // A sound file's blocks are found sound, and verified sums are exact.
+    good.decode_block(0).unwrap();
+    assert!(matches!(good.block_index_verdict(0), Some(Ok(()))));
+    assert_eq!(
+        good.spatial_sums_checked(Tile::Px8, 0..1, true).unwrap(),
+        want
+    );
 }
 
 #[test]

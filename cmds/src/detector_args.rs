@@ -39,6 +39,7 @@ impl DetectorArgs {
             adf: self.adf,
             haadf: self.haadf,
             edges: self.mask_edges,
+            verify_index: false,
         }
     }
 

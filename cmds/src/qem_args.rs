@@ -202,6 +202,11 @@ pub struct LsArgs {
     /// Also print sizes (bytes)
     #[arg(short, long)]
     pub long: bool,
+    /// Index products (virtual/sum.npy, tile-aligned parts of detector
+    /// images) decode and check every block they use against its spatial
+    /// index first (default: checked whenever a block is decoded)
+    #[arg(long)]
+    pub verify_index: bool,
     #[command(flatten)]
     pub detectors: DetectorArgs,
     #[command(flatten)]
@@ -214,6 +219,11 @@ pub struct CatArgs {
     pub file: PathBuf,
     /// A file inside its virtual tree, e.g. data.npy or frames/0/0.npy
     pub path: String,
+    /// Index products (virtual/sum.npy, tile-aligned parts of detector
+    /// images) decode and check every block they use against its spatial
+    /// index first (default: checked whenever a block is decoded)
+    #[arg(long)]
+    pub verify_index: bool,
     #[command(flatten)]
     pub detectors: DetectorArgs,
     #[command(flatten)]

@@ -7,6 +7,7 @@
 
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crate::mapguard::Mapping;
@@ -107,6 +108,11 @@ pub struct QemFile {
     integrity: BodyIntegrity,
     chunk_tables: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
     chunk_spatial: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
+    /// Per block (integer codec): whether its spatial index agrees with
+    /// its decoded counts, known once any decode of the whole block (for
+    /// any reader) compared them. Index products refuse a block found to
+    /// disagree.
+    block_index: Vec<OnceLock<Result<()>>>,
     pixel_fields: OnceLock<Vec<(u32, u32)>>,
     /// Float codec: the SHA-256 of the whole decoded array once computed,
     /// or the mismatch with `logical_sha256` (see [`super::logical`]).
@@ -157,12 +163,14 @@ impl QemFile {
         let integrity = BodyIntegrity::new(&header.sha256, file.len() - envelope.body_start)?;
         let layout = Layout::parse(&header)?;
         let n = layout.chunks.len();
+        let blocks = layout.blocks.len();
         Ok(QemFile {
             envelope,
             header,
             integrity,
             chunk_tables: (0..n).map(|_| OnceLock::new()).collect(),
             chunk_spatial: (0..n).map(|_| OnceLock::new()).collect(),
+            block_index: (0..blocks).map(|_| OnceLock::new()).collect(),
             layout,
             pixel_fields: OnceLock::new(),
             logical: OnceLock::new(),
@@ -444,6 +452,18 @@ impl QemFile {
             Codec::Scaled if raw_codes => Codec::Integer,
             other => other,
         };
+        // Every whole-block decode of a counts file checks the block's
+        // spatial index on the way, once (see `block_index`): each group sums its own pixels
+        // per field (a group spans few tiles) and adds them to the block's
+        // totals, so no group's sums outlive it.
+        let index_check = (self.codec() == Codec::Integer
+            && self.block_index[info.index].get().is_none())
+        .then(|| {
+            let totals: Vec<AtomicU64> = (0..self.layout.fields * m)
+                .map(|_| AtomicU64::new(0))
+                .collect();
+            (self.index_inputs(), totals)
+        });
         let strips: Vec<Result<Vec<u8>>> = (0..groups)
             .into_par_iter()
             .map(|g| {
@@ -479,6 +499,14 @@ impl QemFile {
                         value,
                         dtype: "uint8",
                     });
+                }
+                if let Some(((fields, valid), totals)) = &index_check {
+                    for (t, sums) in group_field_sums(&scratch, ws, m, p0, fields, valid) {
+                        let row = &totals[t as usize * m..(t as usize + 1) * m];
+                        for (total, v) in row.iter().zip(sums) {
+                            total.fetch_add(v, Ordering::Relaxed);
+                        }
+                    }
                 }
                 let mut strip = vec![0u8; rows * w * e];
                 let (scale, offset) = calibration.unwrap_or((1.0, 0.0));
@@ -517,6 +545,13 @@ impl QemFile {
             })
             .collect();
         let strips = strips.into_iter().collect::<Result<Vec<_>>>()?;
+        if let Some((_, totals)) = index_check {
+            let computed: Vec<u64> = totals.into_iter().map(AtomicU64::into_inner).collect();
+            // Only remembered: the counts themselves are verified (body
+            // digests, exact decode) and are served; what disagrees is the
+            // index, which index products then refuse.
+            let _ = self.record_index(info, &computed);
+        }
         let row_bytes = p_count * e;
         if row_bytes == 0 || rows == 0 {
             return Ok(());
@@ -898,8 +933,23 @@ impl QemFile {
 
     /// Tile sums from the spatial index (integer codec), without decoding
     /// counts: frame-major, `grid.0 * grid.1` values per frame in tile-row
-    /// order, for frames `frames`.
+    /// order, for frames `frames`. A block whose index was already found to
+    /// disagree with its counts (by any decode of it) is refused.
     pub fn spatial_sums(&self, tile: Tile, frames: Range<usize>) -> Result<Vec<u32>> {
+        self.spatial_sums_checked(tile, frames, false)
+    }
+
+    /// [`spatial_sums`](Self::spatial_sums), with every block it uses
+    /// decoded and checked against its counts first
+    /// ([`verify_block_index`](Self::verify_block_index)) when `verify`:
+    /// exact even for a forged index whose file checksums were recomputed,
+    /// at the cost of decoding those blocks once.
+    pub fn spatial_sums_checked(
+        &self,
+        tile: Tile,
+        frames: Range<usize>,
+        verify: bool,
+    ) -> Result<Vec<u32>> {
         if frames.start > frames.end || frames.end > self.frames() {
             return Err(QemError::OutOfRange {
                 what: "frame range end",
@@ -915,6 +965,11 @@ impl QemFile {
         let mut f = frames.start;
         while f < frames.end {
             let info = *self.block_of_frame(f)?;
+            if verify {
+                self.verify_block_index(info.index)?;
+            } else if let Some(Err(e)) = self.block_index_verdict(info.index) {
+                return Err(e);
+            }
             let sums = self.block_spatial(&info)?;
             let m = info.frames;
             let t1 = (frames.end - info.first_frame).min(m);
@@ -929,30 +984,67 @@ impl QemFile {
         Ok(out)
     }
 
-    /// Checks one decoded integer block against the spatial index.
-    fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
-        let stored = self.block_spatial(info)?;
+    /// The field of every pixel, and the validity mask (all valid when the
+    /// file has none), for summing decoded counts per field.
+    fn index_inputs(&self) -> (&[(u32, u32)], std::borrow::Cow<'_, ValidMask>) {
         let [_, _, r, c] = self.shape();
         let pf = self
             .pixel_fields
             .get_or_init(|| spatial::pixel_fields(r, c));
-        let valid = self
-            .valid_mask()
-            .cloned()
-            .unwrap_or_else(|| ValidMask::all_valid(self.pixels()));
-        let m = info.frames;
-        let computed = spatial::sums_from_columns(cols, m, self.layout.fields, pf, &valid);
-        if let Some(i) = (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
-            return Err(QemError::SpatialIndex {
-                chunk: info.chunk,
-                block: info.block_in_chunk,
-                field: i / m,
-                frame: info.first_frame + i % m,
-                stored: u64::from(stored[i]),
-                computed: computed[i],
-            });
+        let valid = match self.valid_mask() {
+            Some(v) => std::borrow::Cow::Borrowed(v),
+            None => std::borrow::Cow::Owned(ValidMask::all_valid(self.pixels())),
+        };
+        (pf, valid)
+    }
+
+    /// Checks one decoded integer block (stream-major columns) against the
+    /// spatial index.
+    fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
+        if let Some(known) = self.block_index[info.index].get() {
+            return known.clone();
         }
-        Ok(())
+        let (pf, valid) = self.index_inputs();
+        let computed =
+            spatial::sums_from_columns(cols, info.frames, self.layout.fields, pf, &valid);
+        self.record_index(info, &computed)
+    }
+
+    /// Compares the decoded per-field sums of a block (`computed[t * m +
+    /// k]`) with its stored index and remembers the verdict.
+    fn record_index(&self, info: &BlockInfo, computed: &[u64]) -> Result<()> {
+        let verdict = self.block_spatial(info).and_then(|stored| {
+            let m = info.frames;
+            match (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
+                Some(i) => Err(QemError::SpatialIndex {
+                    chunk: info.chunk,
+                    block: info.block_in_chunk,
+                    field: i / m,
+                    frame: info.first_frame + i % m,
+                    stored: u64::from(stored[i]),
+                    computed: computed[i],
+                }),
+                None => Ok(()),
+            }
+        });
+        self.block_index[info.index].get_or_init(|| verdict).clone()
+    }
+
+    /// Whether block `block`'s spatial index is known to agree with its
+    /// counts (`None`: no whole decode of it has compared them yet).
+    pub fn block_index_verdict(&self, block: usize) -> Option<Result<()>> {
+        self.block_index.get(block)?.get().cloned()
+    }
+
+    /// Decodes block `block` (unless its verdict is known) and checks its
+    /// spatial index against the counts.
+    pub fn verify_block_index(&self, block: usize) -> Result<()> {
+        let info = *self.block_info(block)?;
+        if let Some(known) = self.block_index_verdict(block) {
+            return known;
+        }
+        let cols = self.block_columns(&info)?;
+        self.check_spatial(&info, &cols)
     }
 
     // ----- validation ---------------------------------------------------
@@ -1014,6 +1106,44 @@ impl QemFile {
         }
         Ok(())
     }
+}
+
+/// Per-field sums of one group's pixels over a block's frames: `(field,
+/// m sums)` for each field the group touches.
+type FieldSums = Vec<(u32, Vec<u64>)>;
+
+/// [`FieldSums`] of the group of pixels `p0..p0 + ws` from its frame-major
+/// decoded counts (`scratch[t * ws + i]` is pixel `p0 + i` at frame `t`).
+fn group_field_sums(
+    scratch: &[u16],
+    ws: usize,
+    m: usize,
+    p0: usize,
+    pixel_fields: &[(u32, u32)],
+    valid: &ValidMask,
+) -> FieldSums {
+    let mut out: FieldSums = Vec::new();
+    for i in 0..ws {
+        let p = p0 + i;
+        if !valid.is_valid(p) {
+            continue;
+        }
+        let (f8, f32_) = pixel_fields[p];
+        for t in [f8, f32_] {
+            let k = match out.iter().position(|(f, _)| *f == t) {
+                Some(k) => k,
+                None => {
+                    out.push((t, vec![0u64; m]));
+                    out.len() - 1
+                }
+            };
+            let acc = &mut out[k].1;
+            for (frame, a) in acc.iter_mut().enumerate() {
+                *a += u64::from(scratch[frame * ws + i]);
+            }
+        }
+    }
+    out
 }
 
 fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {

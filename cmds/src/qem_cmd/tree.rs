@@ -2,6 +2,7 @@
 
 use std::io::Write;
 
+use qemfs::reduce::geometry::DetectorOptions;
 use qemfs::tree::{Node, Tree, TreeOptions};
 
 use crate::detector_args::DetectorArgs;
@@ -24,7 +25,7 @@ fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Fail
     Ok(node)
 }
 
-fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
+fn tree(detectors: &DetectorArgs, verify_index: bool, gpu: &GpuArgs) -> Tree {
     // The tree checks for truncated sources; the guard keeps them from
     // ending the process first.
     // One command reads each block once; a small budget suffices.
@@ -32,14 +33,17 @@ fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
         ".",
         &TreeOptions {
             cache_bytes: 256 << 20,
-            detectors: detectors.options(),
+            detectors: DetectorOptions {
+                verify_index,
+                ..detectors.options()
+            },
             accelerator: gpu.accelerator_quiet_on_auto(),
         },
     )
 }
 
 pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
-    let tree = tree(&args.detectors, &args.gpu);
+    let tree = tree(&args.detectors, args.verify_index, &args.gpu);
     let path = args.path.as_deref().unwrap_or("");
     let node = resolve(&tree, &args.file, path)?;
     let mut out = Stdout::new();
@@ -76,7 +80,7 @@ pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
 }
 
 pub fn cat(args: &CatArgs) -> Result<u8, Failure> {
-    let tree = tree(&args.detectors, &args.gpu);
+    let tree = tree(&args.detectors, args.verify_index, &args.gpu);
     let Node::File(content, _) = resolve(&tree, &args.file, &args.path)? else {
         return Err(Failure::file(
             &args.file,
