@@ -299,3 +299,34 @@ fn a_file_changed_during_validation_is_reported_as_changed() {
     assert_eq!(err.kind(), ErrorKind::Changed, "{err}");
     assert!(err.to_string().contains("retry with a stable copy"));
 }
+
+#[test]
+fn every_sound_counts_file_decodes_with_its_index_found_sound() {
+    let dir = Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/conformance/qem"
+    ));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let mut checked = 0;
+    for e in manifest["entries"].as_array().unwrap() {
+        if e["expected"] != "accepted" {
+            continue;
+        }
+        let f = QemFile::from_bytes(fixture(e["name"].as_str().unwrap())).unwrap();
+        if f.codec() != qemfs::qem::Codec::Integer {
+            continue;
+        }
+        for b in 0..f.blocks().len() {
+            f.decode_block(b).unwrap();
+            assert!(
+                matches!(f.block_index_verdict(b), Some(Ok(()))),
+                "{} block {b}: {:?}",
+                e["name"],
+                f.block_index_verdict(b)
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 5, "only {checked} counts fixtures");
+}

@@ -501,7 +501,7 @@ impl QemFile {
                     });
                 }
                 if let Some(((fields, valid), totals)) = &index_check {
-                    for (t, sums) in group_field_sums(&scratch, ws, m, p0, fields, valid) {
+                    for (t, sums) in group_tile_sums(&scratch, ws, m, p0, fields, valid) {
                         let row = &totals[t as usize * m..(t as usize + 1) * m];
                         for (total, v) in row.iter().zip(sums) {
                             total.fetch_add(v, Ordering::Relaxed);
@@ -545,8 +545,21 @@ impl QemFile {
             })
             .collect();
         let strips = strips.into_iter().collect::<Result<Vec<_>>>()?;
-        if let Some((_, totals)) = index_check {
-            let computed: Vec<u64> = totals.into_iter().map(AtomicU64::into_inner).collect();
+        if let Some(((fields, _), totals)) = index_check {
+            let mut computed: Vec<u64> = totals.into_iter().map(AtomicU64::into_inner).collect();
+            // Each 32×32 tile is the union of the 8×8 tiles inside it
+            // (both families are truncated at the same detector edges).
+            let [_, _, r, c] = self.shape();
+            let (g8r, g8c) = Tile::Px8.grid(r, c);
+            for tr in 0..g8r {
+                for tc in 0..g8c {
+                    let f8 = tr * g8c + tc;
+                    let f32_ = fields[(tr * 8) * c + tc * 8].1 as usize;
+                    for t in 0..m {
+                        computed[f32_ * m + t] += computed[f8 * m + t];
+                    }
+                }
+            }
             // Only remembered: the counts themselves are verified (body
             // digests, exact decode) and are served; what disagrees is the
             // index, which index products then refuse.
@@ -1108,13 +1121,15 @@ impl QemFile {
     }
 }
 
-/// Per-field sums of one group's pixels over a block's frames: `(field,
-/// m sums)` for each field the group touches.
+/// 8×8-tile sums of one group's pixels over a block's frames: `(field,
+/// m sums)` for each 8×8 field the group touches.
 type FieldSums = Vec<(u32, Vec<u64>)>;
 
 /// [`FieldSums`] of the group of pixels `p0..p0 + ws` from its frame-major
 /// decoded counts (`scratch[t * ws + i]` is pixel `p0 + i` at frame `t`).
-fn group_field_sums(
+/// Pixels are taken in runs of valid pixels of one 8×8 tile (at most 8
+/// along a detector row), so each frame's row is read once, in order.
+fn group_tile_sums(
     scratch: &[u16],
     ws: usize,
     m: usize,
@@ -1123,24 +1138,34 @@ fn group_field_sums(
     valid: &ValidMask,
 ) -> FieldSums {
     let mut out: FieldSums = Vec::new();
-    for i in 0..ws {
-        let p = p0 + i;
-        if !valid.is_valid(p) {
+    // (first pixel in the group, run length, slot in `out`)
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < ws {
+        let field = pixel_fields[p0 + i].0;
+        if !valid.is_valid(p0 + i) {
+            i += 1;
             continue;
         }
-        let (f8, f32_) = pixel_fields[p];
-        for t in [f8, f32_] {
-            let k = match out.iter().position(|(f, _)| *f == t) {
-                Some(k) => k,
-                None => {
-                    out.push((t, vec![0u64; m]));
-                    out.len() - 1
-                }
-            };
-            let acc = &mut out[k].1;
-            for (frame, a) in acc.iter_mut().enumerate() {
-                *a += u64::from(scratch[frame * ws + i]);
+        let mut len = 1;
+        while i + len < ws && pixel_fields[p0 + i + len].0 == field && valid.is_valid(p0 + i + len)
+        {
+            len += 1;
+        }
+        let slot = match out.iter().position(|(f, _)| *f == field) {
+            Some(k) => k,
+            None => {
+                out.push((field, vec![0u64; m]));
+                out.len() - 1
             }
+        };
+        runs.push((i, len, slot));
+        i += len;
+    }
+    for (t, row) in scratch.chunks_exact(ws).take(m).enumerate() {
+        for &(start, len, slot) in &runs {
+            let s: u32 = row[start..start + len].iter().map(|&v| u32::from(v)).sum();
+            out[slot].1[t] += u64::from(s);
         }
     }
     out
