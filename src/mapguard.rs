@@ -134,12 +134,14 @@ impl Mapping {
         Ok(Self::register(map))
     }
 
-    /// [`Mapping::map`], with the pages read in at once (`MAP_POPULATE`),
-    /// for files that are about to be read whole.
-    pub fn map_populated(file: &std::fs::File) -> std::io::Result<Self> {
-        // SAFETY: as in `map`.
-        let map = unsafe { memmap2::MmapOptions::new().populate().map(file)? };
-        Ok(Self::register(map))
+    /// Asks the kernel to read the whole file in ahead (`MADV_WILLNEED`),
+    /// for a file about to be read whole. Call it only once what the
+    /// file's header declares has been checked against its size: a
+    /// hostile multi-gigabyte file should be refused after reading a page,
+    /// not after reading all of it.
+    pub fn will_need(&self) {
+        // Only a hint; a failure changes nothing.
+        let _ = self.map.advise(memmap2::Advice::WillNeed);
     }
 
     fn register(map: memmap2::Mmap) -> Self {

@@ -7,8 +7,10 @@ reads an endless device fails the test instead of hanging it.
 """
 
 import os
+import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import numpy as np
@@ -148,3 +150,34 @@ def test_convert_exits_2_when_its_input_is_truncated_while_read(tmp_path):
     assert proc.returncode == 2, f"exit {proc.returncode}: {err}"
     assert str(src) in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scan.npy"]
+
+
+def peak_rss_kib(args):
+    """Exit code, stderr and peak resident set (KiB) of one command, run
+    from a fresh interpreter so no earlier child's peak is counted."""
+    probe = (
+        "import resource, subprocess, sys\n"
+        "p = subprocess.run(sys.argv[1:], capture_output=True)\n"
+        "sys.stderr.buffer.write(p.stderr)\n"
+        "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, *map(str, args)], capture_output=True, timeout=60
+    )
+    code, rss = out.stdout.split()
+    return int(code), out.stderr.decode(errors="replace"), int(rss)
+
+
+@pytest.mark.parametrize("command", ["show", "validate", "hash"])
+def test_semq_refuses_a_huge_file_after_reading_its_header(command, tmp_path):
+    """A real state file grown (sparsely) to 3 GiB: its header declares far
+    fewer bytes, so it is refused from the first pages, without reading
+    (or mapping in) the rest."""
+    big = tmp_path / "big.semq"
+    shutil.copy(conformance() / "semq" / "files" / "empty-orbit-u64.semq", big)
+    os.truncate(big, 3 << 30)
+    start = time.monotonic()
+    code, err, rss = peak_rss_kib([binary("semq"), command, big])
+    assert code == 2, err
+    assert rss < 100 * 1024, f"peak RSS {rss} KiB"
+    assert time.monotonic() - start < 5
