@@ -279,23 +279,34 @@ fn a_file_changed_during_validation_is_reported_as_changed() {
     assert!(validate_path(&path, ValidationLevel::Full).is_ok());
 
     // Touch the file until validation returns: it changed while being read.
-    let done = std::sync::atomic::AtomicBool::new(false);
+    // The toucher is running before validation starts, so that a loaded
+    // machine cannot schedule the whole validation before its first touch.
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let done = AtomicBool::new(false);
+    let touches = AtomicU64::new(0);
     let verdict = std::thread::scope(|s| {
-        let check = s.spawn(|| {
-            let v = validate_path(&path, ValidationLevel::Full);
-            done.store(true, std::sync::atomic::Ordering::SeqCst);
-            v
+        s.spawn(|| {
+            let file = std::fs::File::options().write(true).open(&path).unwrap();
+            while !done.load(Ordering::SeqCst) {
+                let k = touches.fetch_add(1, Ordering::SeqCst) + 1;
+                let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + k);
+                file.set_modified(t).unwrap();
+            }
         });
-        let file = std::fs::File::options().write(true).open(&path).unwrap();
-        let mut k = 0u64;
-        while !done.load(std::sync::atomic::Ordering::SeqCst) {
-            k += 1;
-            let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000 + k);
-            file.set_modified(t).unwrap();
+        while touches.load(Ordering::SeqCst) == 0 {
+            std::thread::yield_now();
         }
-        check.join().unwrap()
+        let first = touches.load(Ordering::SeqCst);
+        let start = std::time::Instant::now();
+        let v = validate_path(&path, ValidationLevel::Full);
+        let during = touches.load(Ordering::SeqCst) - first;
+        done.store(true, Ordering::SeqCst);
+        (v, during, start.elapsed())
     });
-    let err = verdict.unwrap_err();
+    let (verdict, during, took) = verdict;
+    let err = verdict
+        .map(|_| format!("{during} touches in {took:?}"))
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Changed, "{err}");
     assert!(err.to_string().contains("retry with a stable copy"));
 }
