@@ -94,8 +94,8 @@ def main():
          "--log-file", os.path.join(work, "qemfs.log")],
         check=True,
     )
-    pid = int(subprocess.run(["pgrep", "-f", f"qemfs mount {src} {mnt}"],
-                             capture_output=True, text=True).stdout.split()[0])
+    # The daemon names itself on the mount's root.
+    pid = int(os.getxattr(mnt, "user.qemfs.pid"))
     refs = References()
     frames = {name: frame_names(mnt, name) for name in QEM_FILES}
     deadline = time.monotonic() + args.seconds

@@ -58,7 +58,7 @@ class Mount:
     def __init__(self, src: Path, cache_mib: int):
         self.mnt = Path(tempfile.mkdtemp(prefix="qemfs-bench-"))
         subprocess.run([BIN / "qemfs", "mount", src, self.mnt, "--cache-size", str(cache_mib)], check=True)
-        self.pid = int(subprocess.check_output(["pgrep", "-n", "-f", f"qemfs mount .* {self.mnt}"]).split()[0])
+        self.pid = int(os.getxattr(self.mnt, "user.qemfs.pid"))  # the daemon names itself
 
     def hwm_mib(self) -> float:
         for line in open(f"/proc/{self.pid}/status"):

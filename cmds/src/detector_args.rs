@@ -6,7 +6,7 @@ use qemfs::reduce::geometry::{DetectorOptions, Edges};
 
 /// Geometry of the `virtual/` detector images, in detector pixels. What is
 /// not given is found in the data (see `virtual/detectors.json`).
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, PartialEq, Args, serde::Serialize, serde::Deserialize)]
 pub struct DetectorArgs {
     /// Centre of the bright-field disk, "ROW,COLUMN" (default: found)
     #[arg(long, value_name = "ROW,COLUMN", value_parser = parse_pair)]
@@ -41,31 +41,6 @@ impl DetectorArgs {
             edges: self.mask_edges,
             verify_index: false,
         }
-    }
-
-    /// The flags again, for a re-executed daemon.
-    pub fn to_args(&self) -> Vec<String> {
-        let mut out = Vec::new();
-        let pair = |[a, b]: [f64; 2]| format!("{a},{b}");
-        if let Some(c) = self.center {
-            out.extend(["--center".into(), pair(c)]);
-        }
-        if let Some(r) = self.bf_radius {
-            out.extend(["--bf-radius".into(), r.to_string()]);
-        }
-        for (flag, v) in [
-            ("--abf", self.abf),
-            ("--adf", self.adf),
-            ("--haadf", self.haadf),
-        ] {
-            if let Some(v) = v {
-                out.extend([flag.to_string(), pair(v)]);
-            }
-        }
-        if self.mask_edges != Edges::default() {
-            out.extend(["--mask-edges".into(), self.mask_edges.name().into()]);
-        }
-        out
     }
 }
 
@@ -116,18 +91,9 @@ mod tests {
             haadf: None,
             mask_edges: Edges::Libertem,
         };
-        assert_eq!(
-            args.to_args(),
-            [
-                "--center",
-                "1.5,2",
-                "--bf-radius",
-                "3.25",
-                "--adf",
-                "4,9",
-                "--mask-edges",
-                "libertem"
-            ]
-        );
+        // The daemon gets its flags as one JSON value.
+        let json = serde_json::to_string(&args).unwrap();
+        assert_eq!(serde_json::from_str::<DetectorArgs>(&json).unwrap(), args);
+        assert!(json.contains("\"libertem\""), "{json}");
     }
 }

@@ -7,7 +7,7 @@ use clap::Args;
 use qemfs::reduce::{Accelerator, Cpu};
 use qemfs_gpu::Choice;
 
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, Args, serde::Serialize, serde::Deserialize)]
 pub struct GpuArgs {
     /// Where virtual images, centre of mass and patterns are computed:
     /// auto (CUDA, else a hardware wgpu adapter, else the CPU), wgpu
@@ -35,10 +35,5 @@ impl GpuArgs {
                 eprintln!("{line}");
             }
         })
-    }
-
-    /// The flag again, for a re-executed daemon.
-    pub fn to_args(&self) -> Vec<String> {
-        vec!["--gpu".into(), self.gpu.to_string()]
     }
 }

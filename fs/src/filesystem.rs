@@ -23,10 +23,13 @@ const TTL: Duration = Duration::from_secs(1);
 
 const ROOT: u64 = 1;
 
+/// A number handed to the kernel. It holds the path only, never the node:
+/// a node holds its container (a mapping, parsed headers), and the kernel
+/// may keep numbers for as long as it likes, so holding nodes here would
+/// keep every container ever looked at open. The tree's bounded table of
+/// opened containers is what keeps them, and closes idle ones.
 struct Inode {
     path: String,
-    /// Filled on lookup; readdir hands out numbers before that.
-    node: Option<Node>,
     /// Modification time of the source behind the node when the number
     /// was handed out.
     version: SystemTime,
@@ -61,7 +64,6 @@ impl Inodes {
             ino,
             Inode {
                 path: path.to_string(),
-                node: None,
                 version,
                 lookups: 0,
             },
@@ -117,8 +119,6 @@ pub struct QemFs {
     dirs: Mutex<HashMap<u64, Arc<DirListing>>>,
     next_handle: AtomicU64,
     pool: crate::workers::Workers,
-    uid: u32,
-    gid: u32,
     log: Arc<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -161,14 +161,11 @@ impl QemFs {
             ROOT,
             Inode {
                 path: String::new(),
-                node: Some(Node::SourceDir(tree.root().to_path_buf())),
                 version: SystemTime::UNIX_EPOCH,
                 lookups: 1,
             },
         );
         let pool = crate::workers::Workers::new(workers.max(2))?;
-        // SAFETY: getuid/getgid cannot fail.
-        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         Ok(QemFs {
             tree,
             inodes: Mutex::new(inodes),
@@ -176,17 +173,15 @@ impl QemFs {
             dirs: Mutex::new(HashMap::new()),
             next_handle: AtomicU64::new(1),
             pool,
-            uid,
-            gid,
             log,
         })
     }
 
     fn file_attr(&self, ino: u64, attr: &Attr) -> FileAttr {
-        let (kind, perm, nlink) = if attr.is_dir {
-            (FileType::Directory, 0o555, 2)
+        let (kind, nlink) = if attr.is_dir {
+            (FileType::Directory, 2)
         } else {
-            (FileType::RegularFile, 0o444, 1)
+            (FileType::RegularFile, 1)
         };
         FileAttr {
             ino: INodeNo(ino),
@@ -197,32 +192,44 @@ impl QemFs {
             ctime: attr.mtime,
             crtime: attr.mtime,
             kind,
-            perm,
+            perm: attr.perm,
             nlink,
-            uid: self.uid,
-            gid: self.gid,
+            uid: attr.uid,
+            gid: attr.gid,
             rdev: 0,
             blksize: 1 << 20,
             flags: 0,
         }
     }
 
-    /// The node behind `ino`, resolving it by path when only the number is
-    /// known (handed out by readdir).
+    /// The node behind `ino`, resolved by its path. A number handed out
+    /// for an earlier version of its source is stale (ESTALE makes the
+    /// kernel look the path up again and get the new number), so the old
+    /// number's cached pages are never taken for the new file's.
     fn node(&self, ino: u64) -> Result<(String, Node), Errno> {
-        let path = {
+        let (path, version) = {
             let inodes = lock(&self.inodes);
             let inode = inodes.by_ino.get(&ino).ok_or(Errno::ENOENT)?;
-            if let Some(node) = &inode.node {
-                return Ok((inode.path.clone(), node.clone()));
-            }
-            inode.path.clone()
+            (inode.path.clone(), inode.version)
         };
         let node = self.tree.resolve(&path).map_err(|e| errno(&e))?;
-        if let Some(inode) = lock(&self.inodes).by_ino.get_mut(&ino) {
-            inode.node = Some(node.clone());
+        if ino != ROOT && self.tree.attr(&node).mtime != version {
+            return Err(Errno::ESTALE);
         }
         Ok((path, node))
+    }
+
+    /// Extended attributes: the container's, and on the root the
+    /// daemon's pid (for `qemfs unmount`, which waits for it to exit).
+    fn xattrs(&self, ino: u64, path: &str) -> Vec<(String, Vec<u8>)> {
+        let mut out = self.tree.xattrs(path);
+        if ino == ROOT {
+            out.push((
+                crate::mountpoint::PID_XATTR.to_string(),
+                std::process::id().to_string().into_bytes(),
+            ));
+        }
+        out
     }
 
     fn handle(&self) -> u64 {
@@ -244,17 +251,18 @@ impl Filesystem for QemFs {
         let Ok((parent_path, parent_node)) = self.node(parent.0) else {
             return reply.error(Errno::ENOENT);
         };
-        let name = name.to_string_lossy();
-        match self.tree.child(&parent_node, &name) {
+        // Tree paths are text; a name that is not UTF-8 is not listed
+        // either, and must not alias one that is.
+        let Some(name) = name.to_str() else {
+            return reply.error(Errno::ENOENT);
+        };
+        match self.tree.child(&parent_node, name) {
             Ok(node) => {
-                let path = join(&parent_path, &name);
+                let path = join(&parent_path, name);
                 let attr = self.tree.attr(&node);
                 let ino = {
                     let mut inodes = lock(&self.inodes);
                     let ino = inodes.ino_of(&path, attr.mtime);
-                    if let Some(inode) = inodes.by_ino.get_mut(&ino) {
-                        inode.node = Some(node);
-                    }
                     inodes.referenced(ino);
                     ino
                 };
@@ -462,8 +470,7 @@ impl Filesystem for QemFs {
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let value = match self.node(ino.0) {
             Ok((path, _)) => self
-                .tree
-                .xattrs(&path)
+                .xattrs(ino.0, &path)
                 .into_iter()
                 .find(|(k, _)| OsStr::new(k) == name)
                 .map(|(_, v)| v),
@@ -480,8 +487,7 @@ impl Filesystem for QemFs {
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let names: Vec<u8> = match self.node(ino.0) {
             Ok((path, _)) => self
-                .tree
-                .xattrs(&path)
+                .xattrs(ino.0, &path)
                 .into_iter()
                 .flat_map(|(k, _)| k.into_bytes().into_iter().chain([0]))
                 .collect(),
@@ -497,12 +503,9 @@ impl Filesystem for QemFs {
     }
 }
 
-/// Seconds since the epoch for log lines.
+/// The time for log lines: RFC 3339, UTC, milliseconds.
 pub fn timestamp() -> String {
-    let now = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!("{}.{:03}", now.as_secs(), now.subsec_millis())
+    humantime::format_rfc3339_millis(SystemTime::now()).to_string()
 }
 
 #[cfg(test)]
@@ -519,7 +522,6 @@ mod tests {
             ROOT,
             Inode {
                 path: String::new(),
-                node: None,
                 version: SystemTime::UNIX_EPOCH,
                 lookups: 1,
             },

@@ -3,7 +3,9 @@
 //!
 //! `qemfs mount SRC MNT` returns once the mount is ready (exit 0) or with
 //! the reason it is not (exit 2). Without `--foreground` it starts itself
-//! again as a detached daemon and waits for that daemon's word on a pipe.
+//! again as a detached daemon, handing it the parsed options as one JSON
+//! value, and waits for that daemon's word on a pipe. `qemfs unmount MNT`
+//! returns once that daemon has exited.
 
 mod filesystem;
 mod mountpoint;
@@ -32,6 +34,8 @@ Examples:
   qemfs mount data/ /mnt/qem
   python3 -c 'import numpy; print(numpy.load(\"/mnt/qem/scan.qem/data.npy\", mmap_mode=\"r\").shape)'
   qemfs unmount /mnt/qem
+  qemfs mount scan.qem /mnt/scan            # one file: its folder at /mnt/scan
+  qemfs mount --allow-other -o noatime data/ /mnt/qem
 
 Exit status: 0 mounted / unmounted, 2 error.";
 
@@ -45,19 +49,35 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Mirror SRC at MNT; every .qem and .semq file appears as a directory
-    Mount(MountArgs),
-    /// Unmount MNT (also a stale mount left by a killed daemon)
+    Mount(Box<MountArgs>),
+    /// Unmount MNT (also a stale mount left by a killed daemon); returns
+    /// once the daemon has exited
     Unmount {
         /// The mount point
         mountpoint: PathBuf,
     },
+    /// Internal: the detached daemon, given the parsed options as JSON
+    #[command(hide = true)]
+    Daemon {
+        /// `DaemonSpec` as JSON
+        spec: String,
+    },
 }
 
-#[derive(Debug, Parser)]
+/// What the parent hands the detached daemon: its own parsed options, as
+/// one value, so that no flag is lost on the way.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct DaemonSpec {
+    mount: MountArgs,
+    /// The daemon reports readiness on this descriptor.
+    ready_fd: RawFd,
+}
+
+#[derive(Debug, Parser, serde::Serialize, serde::Deserialize)]
 struct MountArgs {
-    /// The folder to mirror
+    /// The folder to mirror, or one .qem/.semq file to show as a folder
     source: PathBuf,
-    /// An empty directory to mount on
+    /// An empty directory to mount on (outside SRC)
     mountpoint: PathBuf,
     /// Stay in the foreground (logs on stderr); Ctrl-C unmounts
     #[arg(short, long)]
@@ -66,18 +86,42 @@ struct MountArgs {
     #[arg(long)]
     log_file: Option<PathBuf>,
     /// Byte budget of the decoded-block cache, in MiB
-    #[arg(long, default_value = "1024", value_name = "MiB")]
+    #[arg(long, default_value = "1024", value_name = "MiB", value_parser = at_least_one)]
     cache_size: usize,
     /// Threads answering reads
-    #[arg(long, default_value_t = default_workers())]
+    #[arg(long, default_value_t = default_workers(), value_parser = at_least_one)]
     workers: usize,
+    /// Containers kept open (mapped, headers parsed); the least recently
+    /// used beyond this are closed until looked up again
+    #[arg(long, default_value = "1024", value_name = "N", value_parser = at_least_one)]
+    open_containers: usize,
+    /// Follow symbolic links that lead out of SRC (links into the mount
+    /// point and links that loop are never followed)
+    #[arg(long)]
+    follow_symlinks: bool,
+    /// Let other users reach the mount (root, or `user_allow_other` in
+    /// /etc/fuse.conf); the sources' permission bits are enforced for them
+    #[arg(long)]
+    allow_other: bool,
+    /// Mount on a directory that is not empty (its entries are hidden
+    /// while mounted)
+    #[arg(long)]
+    nonempty: bool,
+    /// Mount options, comma-separated, as for mount(8): allow_other,
+    /// allow_root, noatime, noexec, ... (`rw` is refused: read-only)
+    #[arg(short = 'o', value_name = "OPTIONS", value_delimiter = ',')]
+    options: Vec<String>,
     #[command(flatten)]
     detectors: DetectorArgs,
     #[command(flatten)]
     gpu: GpuArgs,
-    /// Internal: the daemon reports readiness on this descriptor
-    #[arg(long, hide = true)]
-    ready_fd: Option<RawFd>,
+}
+
+fn at_least_one(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{text:?} must be a whole number >= 1")),
+    }
 }
 
 fn default_workers() -> usize {
@@ -93,9 +137,13 @@ fn main() -> ExitCode {
         }
     };
     let result = match cli.command {
-        Cmd::Mount(args) if args.foreground || args.ready_fd.is_some() => run_daemon(&args),
-        Cmd::Mount(args) => start_daemon(&args),
+        Cmd::Mount(args) if args.foreground => run_daemon(&args, None),
+        Cmd::Mount(args) => start_daemon(*args),
         Cmd::Unmount { mountpoint } => unmount(&mountpoint),
+        Cmd::Daemon { spec } => match serde_json::from_str::<DaemonSpec>(&spec) {
+            Ok(spec) => run_daemon(&spec.mount, Some(spec.ready_fd)),
+            Err(e) => Err(format!("daemon options: {e}")),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -108,26 +156,60 @@ fn main() -> ExitCode {
 
 fn unmount(mountpoint: &Path) -> Result<(), String> {
     let shown = mountpoint.display();
-    if !mountpoint::is_mounted(mountpoint) {
+    let Some(mount) = mountpoint::find(mountpoint) else {
         return Err(format!("{shown}: not mounted"));
+    };
+    if !mount.is_qemfs() {
+        return Err(format!(
+            "{shown}: not a qemfs mount ({}); not unmounted",
+            mount.fstype
+        ));
     }
+    // Asked before unmounting: afterwards the daemon cannot answer.
+    let daemon = mountpoint::daemon_pid(mountpoint);
     match mountpoint::unmount(mountpoint) {
-        Ok(mountpoint::Unmounted::Clean) => Ok(()),
+        Ok(mountpoint::Unmounted::Clean) => {}
         Ok(mountpoint::Unmounted::Lazy) => {
             eprintln!("qemfs: {shown} is busy; detached, it goes when the last open file closes");
-            Ok(())
         }
-        Err(e) => Err(format!("{shown}: {e}")),
+        Err(e) => return Err(format!("{shown}: {e}")),
     }
+    if let Some(pid) = daemon {
+        if !mountpoint::wait_exit(pid, UNMOUNT_WAIT) {
+            return Err(format!(
+                "{shown}: unmounted, but its daemon (pid {pid}) is still running after {} s",
+                UNMOUNT_WAIT.as_secs()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How long `qemfs unmount` waits for the daemon to exit.
+const UNMOUNT_WAIT: Duration = Duration::from_secs(30);
+
+/// The source and the mount point as real paths, checked.
+struct Checked {
+    source: PathBuf,
+    mountpoint: PathBuf,
 }
 
 /// Checks what can be checked before mounting, cleaning a stale mount.
-fn preflight(args: &MountArgs) -> Result<(), String> {
+fn preflight(args: &MountArgs) -> Result<Checked, String> {
     let src = &args.source;
+    let shown = src.display();
     match std::fs::metadata(src) {
         Ok(m) if m.is_dir() => {}
-        Ok(_) => return Err(format!("{}: not a directory", src.display())),
-        Err(e) => return Err(format!("{}: {e}", src.display())),
+        Ok(m) if m.is_file() => {
+            let name = src.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+            if qemfs::tree::format_of(name).is_none() {
+                return Err(format!(
+                    "{shown}: neither a folder nor a .qem or .semq file"
+                ));
+            }
+        }
+        Ok(_) => return Err(format!("{shown}: not a folder or a regular file")),
+        Err(e) => return Err(format!("{shown}: {e}")),
     }
     let mnt = &args.mountpoint;
     if mountpoint::is_mounted(mnt) {
@@ -142,22 +224,118 @@ fn preflight(args: &MountArgs) -> Result<(), String> {
             })?;
         } else {
             return Err(format!(
-                "{}: already mounted; run `qemfs unmount {}` first",
+                "{}: busy: already a mount point; run `qemfs unmount {}` first",
                 mnt.display(),
                 mnt.display()
             ));
         }
     }
     match std::fs::metadata(mnt) {
-        Ok(m) if m.is_dir() => Ok(()),
-        Ok(_) => Err(format!("{}: not a directory", mnt.display())),
-        Err(e) => Err(format!("{}: {e}", mnt.display())),
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => return Err(format!("{}: not a directory", mnt.display())),
+        Err(e) => return Err(format!("{}: {e}", mnt.display())),
     }
+    let real = |p: &Path| std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()));
+    let checked = Checked {
+        source: real(src)?,
+        mountpoint: real(mnt)?,
+    };
+    // A mount inside its own source would serve itself: a read deep
+    // through the mirror of the mount waits on the daemon that makes it.
+    if checked.source.starts_with(&checked.mountpoint) {
+        return Err(format!(
+            "{}: the mount point holds the source {shown}; mount elsewhere",
+            mnt.display()
+        ));
+    }
+    if checked.mountpoint.starts_with(&checked.source) {
+        return Err(format!(
+            "{}: the mount point is inside the source {shown}; mount outside it",
+            mnt.display()
+        ));
+    }
+    if !args.nonempty {
+        let mut entries = std::fs::read_dir(mnt).map_err(|e| format!("{}: {e}", mnt.display()))?;
+        if entries.next().is_some() {
+            return Err(format!(
+                "{}: not empty; its files would be hidden (--nonempty mounts anyway)",
+                mnt.display()
+            ));
+        }
+    }
+    mount_config(args, &checked.source)?;
+    Ok(checked)
 }
 
-/// Starts `qemfs mount --ready-fd` detached and waits for its readiness.
-fn start_daemon(args: &MountArgs) -> Result<(), String> {
-    preflight(args)?;
+/// The FUSE configuration: read-only, no devices or set-user-ID files,
+/// permissions checked by the kernel against the sources' bits, and the
+/// user's `-o` options.
+fn mount_config(args: &MountArgs, source: &Path) -> Result<fuser::Config, String> {
+    use fuser::MountOption as O;
+    let mut config = fuser::Config::default();
+    let mut options = vec![
+        O::RO,
+        O::FSName(format!("{}{}", mountpoint::SOURCE_PREFIX, source.display())),
+        O::Subtype("qemfs".to_string()),
+        O::NoDev,
+        O::NoSuid,
+        O::DefaultPermissions,
+    ];
+    let mut acl = if args.allow_other {
+        fuser::SessionACL::All
+    } else {
+        fuser::SessionACL::Owner
+    };
+    for option in args
+        .options
+        .iter()
+        .map(|o| o.trim())
+        .filter(|o| !o.is_empty())
+    {
+        match option {
+            "ro" | "nodev" | "nosuid" | "default_permissions" => {}
+            "rw" | "dev" | "suid" => {
+                return Err(format!(
+                    "-o {option}: not offered (the mount is read-only data)"
+                ))
+            }
+            "allow_other" => acl = fuser::SessionACL::All,
+            "allow_root" if acl == fuser::SessionACL::Owner => {
+                acl = fuser::SessionACL::RootAndOwner
+            }
+            "allow_root" => {}
+            "auto_unmount" => options.push(O::AutoUnmount),
+            "exec" => options.push(O::Exec),
+            "noexec" => options.push(O::NoExec),
+            "atime" => options.push(O::Atime),
+            "noatime" => options.push(O::NoAtime),
+            "sync" => options.push(O::Sync),
+            "async" => options.push(O::Async),
+            "dirsync" => options.push(O::DirSync),
+            other if other.starts_with("fsname=") || other.starts_with("subtype=") => {
+                return Err(format!("-o {other}: set by qemfs"))
+            }
+            other => options.push(O::CUSTOM(other.to_string())),
+        }
+    }
+    config.mount_options = options;
+    config.acl = acl;
+    config.n_threads = Some(args.workers.clamp(1, 16));
+    config.clone_fd = true;
+    Ok(config)
+}
+
+/// Starts `qemfs daemon SPEC` detached and waits for its readiness.
+fn start_daemon(mut args: MountArgs) -> Result<(), String> {
+    preflight(&args)?;
+    // The daemon runs in the same folder, but paths given whole leave no
+    // doubt in its log and in `ps`.
+    let absolute = |p: &Path| mountpoint::absolute(p).map_err(|e| format!("{}: {e}", p.display()));
+    args.source = absolute(&args.source)?;
+    args.mountpoint = absolute(&args.mountpoint)?;
+    if let Some(log) = &args.log_file {
+        args.log_file = Some(absolute(log)?);
+    }
     let mut fds = [0 as RawFd; 2];
     // SAFETY: `fds` has room for the two descriptors pipe(2) writes.
     if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
@@ -175,19 +353,15 @@ fn start_daemon(args: &MountArgs) -> Result<(), String> {
         ),
         None => Stdio::null(),
     };
+    let spec = serde_json::to_string(&DaemonSpec {
+        mount: args,
+        ready_fd: write_fd,
+    })
+    .map_err(|e| format!("daemon options: {e}"))?;
     let mut command = Command::new(exe);
     command
-        .arg("mount")
-        .arg(&args.source)
-        .arg(&args.mountpoint)
-        .arg("--cache-size")
-        .arg(args.cache_size.to_string())
-        .arg("--workers")
-        .arg(args.workers.to_string())
-        .args(args.detectors.to_args())
-        .args(args.gpu.to_args())
-        .arg("--ready-fd")
-        .arg(write_fd.to_string())
+        .arg("daemon")
+        .arg(spec)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log);
@@ -238,7 +412,7 @@ fn block_signals() -> libc::sigset_t {
     }
 }
 
-fn run_daemon(args: &MountArgs) -> Result<(), String> {
+fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
     // A source truncated while mounted must give EIO, not end the daemon.
     qemfs::mapguard::install();
     // Decoded blocks are large buffers made and freed by many threads; with
@@ -250,7 +424,7 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 2);
     }
-    let ready = args.ready_fd.map(|fd| {
+    let ready = ready_fd.map(|fd| {
         // SAFETY: the descriptor was handed to us by the parent for this.
         unsafe { std::fs::File::from_raw_fd(fd) }
     });
@@ -259,10 +433,14 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
             let _ = f.write_all(word.as_bytes());
         }
     };
-    if let Err(e) = preflight(args) {
-        report(ready, &format!("error: {e}\n"));
-        return Err(e);
-    }
+    let checked = match preflight(args).and_then(|c| Ok((mount_config(args, &c.source)?, c))) {
+        Ok(c) => c,
+        Err(e) => {
+            report(ready, &format!("error: {e}\n"));
+            return Err(e);
+        }
+    };
+    let (config, checked) = checked;
     let signals = block_signals();
     let log_file = args
         .log_file
@@ -280,25 +458,19 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
             }
         }
     });
-    let source = mountpoint::absolute(&args.source).map_err(|e| e.to_string())?;
+    let source = checked.source;
     let options = TreeOptions {
         cache_bytes: args.cache_size.saturating_mul(1 << 20),
         detectors: args.detectors.options(),
         accelerator: args.gpu.accelerator(|line| log(line)),
+        mountpoint: Some(checked.mountpoint.clone()),
+        follow_symlinks: args.follow_symlinks,
+        log: Arc::clone(&log),
+        open_containers: args.open_containers,
     };
     let tree = Arc::new(Tree::new(&source, &options));
     let fs =
         filesystem::QemFs::new(tree, args.workers, Arc::clone(&log)).map_err(|e| e.to_string())?;
-    let mut config = fuser::Config::default();
-    config.mount_options = vec![
-        fuser::MountOption::RO,
-        fuser::MountOption::FSName(source.display().to_string()),
-        fuser::MountOption::Subtype("qemfs".to_string()),
-        fuser::MountOption::NoDev,
-        fuser::MountOption::NoSuid,
-    ];
-    config.n_threads = Some(args.workers.clamp(1, 16));
-    config.clone_fd = true;
     let session = match fuser::spawn_mount(fs, &args.mountpoint, &config) {
         Ok(s) => s,
         Err(e) => {
@@ -307,10 +479,14 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
             return Err(message);
         }
     };
+    // Our mount, by its ID: after an unmount, a later mount at the same
+    // path is somebody else's and must be left alone.
+    let ours = mountpoint::find(&args.mountpoint).map(|m| m.id);
     log(&format!(
-        "mounted {} at {}",
+        "mounted {} at {} (pid {})",
         source.display(),
-        args.mountpoint.display()
+        args.mountpoint.display(),
+        std::process::id()
     ));
     match mountpoint::raise_readahead(&args.mountpoint, READAHEAD_KIB) {
         Ok(device) => log(&format!("readahead of {device} set to {READAHEAD_KIB} KiB")),
@@ -324,6 +500,7 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
         tv_sec: 1,
         tv_nsec: 0,
     };
+    let still_ours = || ours.is_some_and(mountpoint::id_present);
     loop {
         // SAFETY: waits on the blocked set; no memory is shared.
         let signal = unsafe { libc::sigtimedwait(&signals, std::ptr::null_mut(), &timeout) };
@@ -331,9 +508,10 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
             log(&format!("signal {signal}: unmounting"));
             break;
         }
-        if !mountpoint::is_mounted(&args.mountpoint) {
+        if !still_ours() {
             log("unmounted from outside");
             drop(session);
+            log("stopped");
             return Ok(());
         }
     }
@@ -342,7 +520,7 @@ fn run_daemon(args: &MountArgs) -> Result<(), String> {
         Ok(()) => {}
         Err(e) => log(&format!("unmount: {e}")),
     }
-    if mountpoint::is_mounted(&mountpoint) {
+    if still_ours() {
         // Still held open by a reader: detach so nothing is left behind.
         let _ = mountpoint::unmount(&mountpoint);
         std::thread::sleep(Duration::from_millis(50));

@@ -11,35 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn can_mount() -> bool {
-    // SAFETY: geteuid cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !(root && Path::new("/dev/fuse").exists()) {
-        eprintln!("skipping: mounting needs root and /dev/fuse");
-        return false;
-    }
-    true
-}
-
-fn qemfs() -> PathBuf {
-    assert_cmd::cargo::cargo_bin("qemfs")
-}
-
-fn qem() -> PathBuf {
-    // The qem binary lives in the same target folder.
-    qemfs().with_file_name("qem")
-}
-
-fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/conformance")
-}
-
-fn is_mounted(path: &Path) -> bool {
-    let info = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let p = path.to_string_lossy().to_string();
-    info.lines()
-        .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
-}
+mod common;
+use common::{can_mount, fixtures, is_mounted, qem, qemfs};
 
 /// A mounted temporary folder; unmounts (lazily if need be) on drop.
 struct Mounted {

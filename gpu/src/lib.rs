@@ -85,7 +85,8 @@ pub trait BlockDecoder: Accelerator {
 }
 
 /// Which backend to use (`--gpu`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Choice {
     /// CUDA if a driver and device are present, else a hardware wgpu
     /// adapter, else none (the CPU).

@@ -46,7 +46,8 @@ pub const EDGE_TOLERANCE: f64 = 1e-9;
 
 /// Which edges of a disk or annulus belong to it, so results can be
 /// reproduced across tools.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Edges {
     /// Both edges included: `ri ≤ d ≤ ro`, disk `d ≤ r` (qemfs).
     #[default]

@@ -4,7 +4,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::TreeError;
 
@@ -16,6 +16,11 @@ pub trait Content: Send + Sync {
     /// Reads up to `buf.len()` bytes at `offset`; returns how many were
     /// read, 0 at or past the end.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError>;
+
+    /// A source file served as it is (keeps its execute bits).
+    fn is_passthrough(&self) -> bool {
+        false
+    }
 }
 
 /// Copies the part of `bytes` at `offset` into `buf`.
@@ -61,6 +66,9 @@ pub struct Lazy {
     size: u64,
     produce: Producer,
     value: OnceLock<Arc<[u8]>>,
+    /// Held while computing, so that concurrent first readers wait for one
+    /// computation instead of each running their own.
+    computing: Mutex<()>,
 }
 
 impl Lazy {
@@ -72,10 +80,15 @@ impl Lazy {
             size,
             produce: Box::new(produce),
             value: OnceLock::new(),
+            computing: Mutex::new(()),
         }
     }
 
     fn bytes(&self) -> Result<&Arc<[u8]>, TreeError> {
+        if let Some(v) = self.value.get() {
+            return Ok(v);
+        }
+        let _one = self.computing.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(v) = self.value.get() {
             return Ok(v);
         }
@@ -130,10 +143,16 @@ impl Content for Passthrough {
         self.size
     }
 
+    fn is_passthrough(&self) -> bool {
+        true
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
         if offset >= self.size {
             return Ok(0);
         }
+        // Only a regular file (see crate::regular_file): a FIFO or device
+        // swapped in after lookup must not block the worker reading it.
         let file = self
             .file
             .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));

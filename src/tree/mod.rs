@@ -8,23 +8,32 @@
 //! Containers are opened on first lookup (headers only) and remembered
 //! with the source file's size and modification time; a changed file is
 //! opened again and its cached blocks dropped, a removed one disappears.
+//! At most `TreeOptions::open_containers` are remembered: the least
+//! recently used is closed (its mapping goes once no open file holds it),
+//! so a folder of 100,000 containers never holds 100,000 mappings.
 //! A file whose header cannot be read appears as a directory holding only
 //! `ERROR.txt` with the reason; its neighbours are unaffected.
+//!
+//! The root may also be one container file: the tree is then that file's
+//! directory (`qemfs mount scan.qem /mnt/scan`). What of the source is
+//! shown (symbolic links, the mount point itself) is decided in `source`.
 
 pub mod content;
 mod qem_view;
 mod semq_view;
+pub mod source;
 mod virtual_dir;
 pub mod zarr_view;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::fs;
 use std::path::{Component, Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 pub use content::Content;
+pub use source::{Origin, SourceDir};
 
 use crate::qem::QemFile;
 use crate::reduce::geometry::DetectorOptions;
@@ -138,20 +147,56 @@ pub fn info_json(file: &QemFile, accelerator: &dyn Accelerator) -> serde_json::V
 #[derive(Clone)]
 pub enum Node {
     /// A folder of the source tree.
-    SourceDir(PathBuf),
+    SourceDir(SourceDir),
     /// A virtual directory (a container or a folder inside one), with the
-    /// modification time of its source file.
-    Dir(Arc<dyn Directory>, SystemTime),
-    File(Arc<dyn Content>, SystemTime),
+    /// attributes of its source file.
+    Dir(Arc<dyn Directory>, Origin),
+    /// A file: inside a container, or a source file passed through as it
+    /// is (`passthrough`, which keeps its execute bits).
+    File(Arc<dyn Content>, Origin),
 }
 
-/// The attributes a listing or `stat` needs.
+/// The attributes a listing or `stat` needs. Permissions, owner and group
+/// are the source's (read and execute bits only: everything is read-only).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Attr {
     pub is_dir: bool,
     pub size: u64,
     pub mtime: SystemTime,
+    pub perm: u16,
+    pub uid: u32,
+    pub gid: u32,
 }
+
+impl Attr {
+    fn dir(origin: &Origin) -> Attr {
+        Attr {
+            is_dir: true,
+            size: 0,
+            mtime: origin.mtime,
+            perm: origin.dir_perm(),
+            uid: origin.uid,
+            gid: origin.gid,
+        }
+    }
+
+    fn file(origin: &Origin, size: u64, passthrough: bool) -> Attr {
+        Attr {
+            is_dir: false,
+            size,
+            mtime: origin.mtime,
+            perm: origin.file_perm(passthrough),
+            uid: origin.uid,
+            gid: origin.gid,
+        }
+    }
+}
+
+/// Where the tree's log lines go (the daemon's log; nowhere for commands).
+pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Distinct refusals logged, at most (a listing repeats them every time).
+const LOGGED_REFUSALS: usize = 10_000;
 
 /// Options of a tree.
 #[derive(Clone)]
@@ -162,6 +207,15 @@ pub struct TreeOptions {
     pub accelerator: Arc<dyn Accelerator>,
     /// Detector geometry given by the user; the rest is found per file.
     pub detectors: DetectorOptions,
+    /// Where the tree is mounted, as a real path: never entered.
+    pub mountpoint: Option<PathBuf>,
+    /// Follow symbolic links that lead out of the source folder.
+    pub follow_symlinks: bool,
+    /// Lines about source entries not shown (links refused, bad names).
+    pub log: Log,
+    /// Opened containers kept (mappings and parsed headers); the least
+    /// recently used beyond this are closed.
+    pub open_containers: usize,
 }
 
 impl std::fmt::Debug for TreeOptions {
@@ -170,7 +224,9 @@ impl std::fmt::Debug for TreeOptions {
             .field("cache_bytes", &self.cache_bytes)
             .field("accelerator", &self.accelerator.name())
             .field("detectors", &self.detectors)
-            .finish()
+            .field("mountpoint", &self.mountpoint)
+            .field("follow_symlinks", &self.follow_symlinks)
+            .finish_non_exhaustive()
     }
 }
 
@@ -180,6 +236,10 @@ impl Default for TreeOptions {
             cache_bytes: 1 << 30,
             accelerator: Arc::new(Cpu),
             detectors: DetectorOptions::default(),
+            mountpoint: None,
+            follow_symlinks: false,
+            log: Arc::new(|_| {}),
+            open_containers: 1024,
         }
     }
 }
@@ -198,10 +258,13 @@ fn stamp(meta: &fs::Metadata) -> Stamp {
     }
 }
 
+/// A container as opened (or being opened) once for a stamp of its file.
 struct Opened {
     stamp: Stamp,
     id: u64,
-    dir: Arc<dyn Directory>,
+    /// Filled by the first lookup; concurrent lookups of the same file wait
+    /// here, and only they: the tree-wide map is not held while opening.
+    dir: Arc<OnceLock<Arc<dyn Directory>>>,
 }
 
 /// Which format a file name announces.
@@ -223,24 +286,37 @@ pub fn format_of(name: &str) -> Option<Format> {
     }
 }
 
-/// A mirrored source folder.
+/// A mirrored source folder (or one container file).
 pub struct Tree {
     root: PathBuf,
+    sources: std::io::Result<source::Sources>,
+    log: Log,
+    logged: Mutex<HashSet<PathBuf>>,
     cache: Arc<BlockCache>,
     accelerator: Arc<dyn Accelerator>,
     detectors: DetectorOptions,
-    opened: Mutex<HashMap<PathBuf, Opened>>,
+    opened: Mutex<lru::LruCache<PathBuf, Opened>>,
     next_id: AtomicU64,
 }
 
 impl Tree {
     pub fn new(root: impl AsRef<Path>, options: &TreeOptions) -> Self {
+        let root = root.as_ref().to_path_buf();
         Tree {
-            root: root.as_ref().to_path_buf(),
+            sources: source::Sources::new(
+                &root,
+                options.mountpoint.clone(),
+                options.follow_symlinks,
+            ),
+            root,
+            log: Arc::clone(&options.log),
+            logged: Mutex::new(HashSet::new()),
             cache: Arc::new(BlockCache::new(options.cache_bytes)),
             accelerator: Arc::clone(&options.accelerator),
             detectors: options.detectors.clone(),
-            opened: Mutex::new(HashMap::new()),
+            opened: Mutex::new(lru::LruCache::new(
+                std::num::NonZeroUsize::new(options.open_containers.max(1)).expect("at least 1"),
+            )),
             next_id: AtomicU64::new(1),
         }
     }
@@ -305,25 +381,34 @@ impl Tree {
     /// file is unchanged since it was opened.
     fn container(&self, source: &Path, format: Format, meta: &fs::Metadata) -> Arc<dyn Directory> {
         let now = stamp(meta);
-        let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(o) = opened.get(source) {
-            if o.stamp == now {
-                return Arc::clone(&o.dir);
+        let (id, slot) = {
+            let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
+            match opened.get(source) {
+                Some(o) if o.stamp == now => (o.id, Arc::clone(&o.dir)),
+                found => {
+                    if let Some(stale) = found.map(|o| o.id) {
+                        self.cache.remove_where(|k| k.view == stale);
+                    }
+                    let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                    let slot = Arc::new(OnceLock::new());
+                    let evicted = opened.push(
+                        source.to_path_buf(),
+                        Opened {
+                            stamp: now,
+                            id,
+                            dir: Arc::clone(&slot),
+                        },
+                    );
+                    if let Some((path, closed)) = evicted {
+                        if path != source {
+                            self.cache.remove_where(|k| k.view == closed.id);
+                        }
+                    }
+                    (id, slot)
+                }
             }
-            let stale = o.id;
-            self.cache.remove_where(|k| k.view == stale);
-        }
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let dir = self.open_dir(source, format, id);
-        opened.insert(
-            source.to_path_buf(),
-            Opened {
-                stamp: now,
-                id,
-                dir: Arc::clone(&dir),
-            },
-        );
-        dir
+        };
+        Arc::clone(slot.get_or_init(|| self.open_dir(source, format, id)))
     }
 
     fn open_dir(&self, source: &Path, format: Format, id: u64) -> Arc<dyn Directory> {
@@ -372,44 +457,97 @@ impl Tree {
     /// Forgets containers whose source file is gone.
     fn forget(&self, source: &Path) {
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(o) = opened.remove(source) {
+        if let Some(o) = opened.pop(source) {
             self.cache.remove_where(|k| k.view == o.id);
         }
     }
 
-    /// What a source directory entry appears as.
-    fn source_node(&self, path: &Path, name: &str) -> Result<Node, TreeError> {
-        let meta = fs::metadata(path).map_err(|_| {
-            self.forget(path);
-            TreeError::NotFound(name.to_string())
+    fn sources(&self) -> Result<&source::Sources, TreeError> {
+        self.sources.as_ref().map_err(|e| TreeError::Io {
+            path: self.root.clone(),
+            reason: e.to_string(),
+        })
+    }
+
+    /// Logs why `path` is not shown, once per path.
+    fn refused(&self, path: &Path, why: &source::Refusal) {
+        if *why == source::Refusal::Missing {
+            return;
+        }
+        let mut logged = self.logged.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.len() < LOGGED_REFUSALS && logged.insert(path.to_path_buf()) {
+            (self.log)(&format!("{}: {why}", path.display()));
+        }
+    }
+
+    /// The root: the source folder, or the container of a single file.
+    pub fn root_node(&self) -> Result<Node, TreeError> {
+        let sources = self.sources()?;
+        let real = sources.root_real();
+        let meta = fs::metadata(real).map_err(|e| TreeError::Io {
+            path: self.root.clone(),
+            reason: e.to_string(),
         })?;
         if meta.is_dir() {
-            return Ok(Node::SourceDir(path.to_path_buf()));
+            return Ok(Node::SourceDir(sources.root_dir(&meta)));
         }
-        let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+        let name = real
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        match format_of(name) {
+            Some(format) if meta.is_file() => Ok(Node::Dir(
+                self.container(real, format, &meta),
+                Origin::of(&meta),
+            )),
+            _ => Err(TreeError::Io {
+                path: self.root.clone(),
+                reason: "neither a folder nor a .qem or .semq file".into(),
+            }),
+        }
+    }
+
+    /// What the source entry `name` of `parent` appears as.
+    fn source_node(&self, parent: &SourceDir, name: &str) -> Result<Node, TreeError> {
+        let sources = self.sources()?;
+        let (path, meta) = sources.entry(parent, name).map_err(|why| {
+            let path = parent.path.join(name);
+            if why == source::Refusal::Missing {
+                self.forget(&path);
+            }
+            self.refused(&path, &why);
+            TreeError::NotFound(name.to_string())
+        })?;
+        let origin = Origin::of(&meta);
+        if meta.is_dir() {
+            return Ok(Node::SourceDir(sources.child_dir(parent, path, &meta)));
+        }
         if meta.is_file() {
             if let Some(format) = format_of(name) {
-                return Ok(Node::Dir(self.container(path, format, &meta), mtime));
+                return Ok(Node::Dir(self.container(&path, format, &meta), origin));
             }
             return Ok(Node::File(
-                Arc::new(content::Passthrough::new(path, meta.len())),
-                mtime,
+                Arc::new(content::Passthrough::new(&path, meta.len())),
+                origin,
             ));
         }
-        // Sockets, devices and the like are not mirrored.
+        // Sockets, devices and FIFOs are not mirrored: reading one could
+        // block a worker for good.
         Err(TreeError::NotFound(name.to_string()))
     }
 
     /// Resolves a path relative to the mirrored folder.
     pub fn resolve(&self, path: &str) -> Result<Node, TreeError> {
-        let mut node = Node::SourceDir(self.root.clone());
+        let mut node = self.root_node()?;
         for part in Path::new(path).components() {
             let name = match part {
-                Component::Normal(n) => n.to_string_lossy().into_owned(),
+                Component::Normal(n) => n
+                    .to_str()
+                    .ok_or_else(|| TreeError::NotFound(path.to_string()))?,
                 Component::CurDir | Component::RootDir => continue,
                 _ => return Err(TreeError::NotFound(path.to_string())),
             };
-            node = self.child(&node, &name)?;
+            node = self.child(&node, name)?;
         }
         Ok(node)
     }
@@ -417,10 +555,10 @@ impl Tree {
     /// The entry `name` inside the directory `parent`.
     pub fn child(&self, parent: &Node, name: &str) -> Result<Node, TreeError> {
         match parent {
-            Node::SourceDir(dir) => self.source_node(&dir.join(name), name),
-            Node::Dir(d, mtime) => match d.lookup(name) {
-                Some(Entry::Dir(d)) => Ok(Node::Dir(d, *mtime)),
-                Some(Entry::File(f)) => Ok(Node::File(f, *mtime)),
+            Node::SourceDir(dir) => self.source_node(dir, name),
+            Node::Dir(d, origin) => match d.lookup(name) {
+                Some(Entry::Dir(d)) => Ok(Node::Dir(d, *origin)),
+                Some(Entry::File(f)) => Ok(Node::File(f, *origin)),
                 None => Err(TreeError::NotFound(name.to_string())),
             },
             Node::File(..) => Err(TreeError::NotADirectory(name.to_string())),
@@ -428,33 +566,35 @@ impl Tree {
     }
 
     /// The entries of a directory with their attributes, sorted by name.
-    /// Containers are listed as directories without opening them.
+    /// Containers are listed as directories without opening them. Source
+    /// names that are not UTF-8, and links not followed, are left out
+    /// (with a log line), never shown under another name.
     pub fn list(&self, dir: &Node) -> Result<Vec<(String, Attr)>, TreeError> {
         match dir {
-            Node::SourceDir(path) => {
-                let entries = fs::read_dir(path).map_err(|e| TreeError::Io {
-                    path: path.clone(),
+            Node::SourceDir(parent) => {
+                let sources = self.sources()?;
+                let entries = fs::read_dir(&parent.path).map_err(|e| TreeError::Io {
+                    path: parent.path.clone(),
                     reason: e.to_string(),
                 })?;
                 let mut out = Vec::new();
                 for entry in entries.flatten() {
-                    let name = entry.file_name().to_string_lossy().into_owned();
-                    let Ok(meta) = fs::metadata(entry.path()) else {
+                    let Ok(name) = entry.file_name().into_string() else {
+                        self.refused(&entry.path(), &source::Refusal::NotUtf8);
                         continue;
                     };
-                    let mtime = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                    let (_, meta) = match sources.entry(parent, &name) {
+                        Ok(found) => found,
+                        Err(why) => {
+                            self.refused(&entry.path(), &why);
+                            continue;
+                        }
+                    };
+                    let origin = Origin::of(&meta);
                     let attr = if meta.is_dir() || (meta.is_file() && format_of(&name).is_some()) {
-                        Attr {
-                            is_dir: true,
-                            size: 0,
-                            mtime,
-                        }
+                        Attr::dir(&origin)
                     } else if meta.is_file() {
-                        Attr {
-                            is_dir: false,
-                            size: meta.len(),
-                            mtime,
-                        }
+                        Attr::file(&origin, meta.len(), true)
                     } else {
                         continue;
                     };
@@ -463,27 +603,17 @@ impl Tree {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
                 Ok(out)
             }
-            Node::Dir(d, mtime) => {
-                let mtime = *mtime;
-                Ok(d.list()
-                    .into_iter()
-                    .map(|(name, e)| {
-                        let attr = match e {
-                            Entry::Dir(_) => Attr {
-                                is_dir: true,
-                                size: 0,
-                                mtime,
-                            },
-                            Entry::File(f) => Attr {
-                                is_dir: false,
-                                size: f.size(),
-                                mtime,
-                            },
-                        };
-                        (name, attr)
-                    })
-                    .collect())
-            }
+            Node::Dir(d, origin) => Ok(d
+                .list()
+                .into_iter()
+                .map(|(name, e)| {
+                    let attr = match e {
+                        Entry::Dir(_) => Attr::dir(origin),
+                        Entry::File(f) => Attr::file(origin, f.size(), false),
+                    };
+                    (name, attr)
+                })
+                .collect()),
             Node::File(..) => Err(TreeError::NotADirectory(String::new())),
         }
     }
@@ -491,23 +621,9 @@ impl Tree {
     /// The attributes of a node.
     pub fn attr(&self, node: &Node) -> Attr {
         match node {
-            Node::SourceDir(p) => Attr {
-                is_dir: true,
-                size: 0,
-                mtime: fs::metadata(p)
-                    .and_then(|m| m.modified())
-                    .unwrap_or(SystemTime::UNIX_EPOCH),
-            },
-            Node::Dir(_, mtime) => Attr {
-                is_dir: true,
-                size: 0,
-                mtime: *mtime,
-            },
-            Node::File(f, mtime) => Attr {
-                is_dir: false,
-                size: f.size(),
-                mtime: *mtime,
-            },
+            Node::SourceDir(dir) => Attr::dir(&dir.origin),
+            Node::Dir(_, origin) => Attr::dir(origin),
+            Node::File(f, origin) => Attr::file(origin, f.size(), f.is_passthrough()),
         }
     }
 }

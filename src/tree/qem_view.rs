@@ -303,9 +303,15 @@ fn width(count: usize) -> usize {
     count.saturating_sub(1).to_string().len()
 }
 
-/// Parses a zero-padded index of exactly `width` digits below `limit`.
+/// Parses an index below `limit`: zero-padded to exactly `width` digits,
+/// as listed, or plain decimal without leading zeros (`frames/3/17.npy`
+/// finds `frames/003/017.npy`, as a user types it).
 fn padded_index(text: &str, width: usize, limit: usize) -> Option<usize> {
-    if text.len() != width || !text.bytes().all(|b| b.is_ascii_digit()) {
+    if text.is_empty() || text.len() > width || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let plain = text == "0" || !text.starts_with('0');
+    if text.len() != width && !plain {
         return None;
     }
     text.parse().ok().filter(|&i| i < limit)

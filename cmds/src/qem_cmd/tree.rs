@@ -3,7 +3,7 @@
 use std::io::Write;
 
 use qemfs::reduce::geometry::DetectorOptions;
-use qemfs::tree::{Node, Tree, TreeOptions};
+use qemfs::tree::{Node, Origin, Tree, TreeOptions};
 
 use crate::detector_args::DetectorArgs;
 use crate::exit::{Failure, OK};
@@ -13,10 +13,11 @@ use crate::qem_args::{CatArgs, LsArgs};
 
 /// Resolves `path` inside the container of `file`.
 fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Failure> {
-    let mtime = std::fs::metadata(file)
-        .and_then(|m| m.modified())
-        .unwrap_or(std::time::UNIX_EPOCH);
-    let mut node = Node::Dir(tree.open_container(file).map_err(Failure::plain)?, mtime);
+    let meta = std::fs::metadata(file).map_err(|e| Failure::file(file, e.to_string()))?;
+    let mut node = Node::Dir(
+        tree.open_container(file).map_err(Failure::plain)?,
+        Origin::of(&meta),
+    );
     for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
         node = tree
             .child(&node, part)
@@ -38,6 +39,7 @@ fn tree(detectors: &DetectorArgs, verify_index: bool, gpu: &GpuArgs) -> Tree {
                 ..detectors.options()
             },
             accelerator: gpu.accelerator_quiet_on_auto(),
+            ..TreeOptions::default()
         },
     )
 }
