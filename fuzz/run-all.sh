@@ -9,7 +9,7 @@ secs=${SECONDS_EACH:-600}
 bin=target/x86_64-unknown-linux-gnu/release
 seeds() {
     case "$1" in
-        qem_header | qem_decode) echo seeds/qem ;;
+        qem_header | qem_decode | qem_decode_unbounded) echo seeds/qem ;;
         *) echo "seeds/$1" ;;
     esac
 }

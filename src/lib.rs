@@ -12,6 +12,7 @@ pub mod npy;
 pub mod publish;
 pub mod qem;
 pub mod reduce;
+pub mod regular_file;
 pub mod semq;
 pub mod tree;
 pub mod zarr;

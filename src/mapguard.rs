@@ -112,13 +112,39 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
 }
 
 /// A read-only memory map registered with the guard for its lifetime.
+///
+/// [`Mapping::map`] is the only way to map a file in this crate and its
+/// binaries: a mapping made any other way would not be guarded, and a
+/// truncation of its file would kill the process.
 pub struct Mapping {
     slot: Option<usize>,
     map: memmap2::Mmap,
 }
 
 impl Mapping {
-    pub fn new(map: memmap2::Mmap) -> Self {
+    /// Maps `file` read-only and registers the mapping. Open the file with
+    /// [`crate::regular_file::open`]: other kinds of file either cannot be
+    /// mapped or never end.
+    pub fn map(file: &std::fs::File) -> std::io::Result<Self> {
+        // SAFETY: the map is read-only and only ever read through slices.
+        // A truncation by another process while it is mapped faults on
+        // access, which the handler (once installed) absorbs and charges
+        // to this mapping; readers compare [`Mapping::faults`].
+        let map = unsafe { memmap2::Mmap::map(file)? };
+        Ok(Self::register(map))
+    }
+
+    /// Asks the kernel to read the whole file in ahead (`MADV_WILLNEED`),
+    /// for a file about to be read whole. Call it only once what the
+    /// file's header declares has been checked against its size: a
+    /// hostile multi-gigabyte file should be refused after reading a page,
+    /// not after reading all of it.
+    pub fn will_need(&self) {
+        // Only a hint; a failure changes nothing.
+        let _ = self.map.advise(memmap2::Advice::WillNeed);
+    }
+
+    fn register(map: memmap2::Mmap) -> Self {
         let (start, len) = (map.as_ptr() as usize, map.len());
         let slot = (start != 0 && len != 0)
             .then(|| {
@@ -174,12 +200,11 @@ mod tests {
         let page = PAGE.load(Ordering::SeqCst);
         file.write_all(&vec![7u8; 4 * page]).unwrap();
         file.flush().unwrap();
-        // SAFETY: the test owns the file.
-        let map = Mapping::new(unsafe { memmap2::Mmap::map(file.as_file()).unwrap() });
+        let map = Mapping::map(file.as_file()).unwrap();
         assert_eq!(map[3 * page], 7);
         file.as_file().set_len(page as u64).unwrap();
         let before = faults();
-        let other = Mapping::new(unsafe { memmap2::Mmap::map(file.as_file()).unwrap() });
+        let other = Mapping::map(file.as_file()).unwrap();
         let tail: u64 = map[2 * page..].iter().map(|&b| u64::from(b)).sum();
         assert_eq!(tail, 0);
         assert!(faults() > before);

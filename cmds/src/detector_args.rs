@@ -28,6 +28,12 @@ pub struct DetectorArgs {
     /// tools' images; a centre within 1e-9 pixels of an edge is on it
     #[arg(long, value_name = "RULE", default_value = "inclusive")]
     pub mask_edges: Edges,
+    /// Index products (virtual/sum.npy, tile-aligned parts of detector
+    /// images) decode and check every block they use against its spatial
+    /// index first (default: checked whenever a block is decoded)
+    #[arg(long)]
+    #[serde(default)]
+    pub verify_index: bool,
 }
 
 impl DetectorArgs {
@@ -39,6 +45,7 @@ impl DetectorArgs {
             adf: self.adf,
             haadf: self.haadf,
             edges: self.mask_edges,
+            verify_index: self.verify_index,
         }
     }
 }
@@ -89,6 +96,7 @@ mod tests {
             adf: Some([4.0, 9.0]),
             haadf: None,
             mask_edges: Edges::Libertem,
+            verify_index: true,
         };
         // The daemon gets its flags as one JSON value.
         let json = serde_json::to_string(&args).unwrap();

@@ -94,6 +94,8 @@ fn dtype_of(path: &Path, name: &str, ds: &h5::Dataset) -> Result<DType, ConvertE
 
 impl DectrisSource {
     pub fn open(path: &Path, options: &Options) -> Result<DectrisSource, ConvertError> {
+        // HDF5 opens the file itself; check first that it is one.
+        crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let file = h5::File::open(path).map_err(|e| h5err(path, "not a readable HDF5 file", e))?;
         let group = file
             .group("/entry/data")

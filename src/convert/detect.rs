@@ -1,6 +1,5 @@
 //! Recognising an input's format from its first bytes, not its name.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -34,7 +33,7 @@ pub fn detect(path: &Path) -> Result<SourceFormat, ConvertError> {
         return Ok(SourceFormat::Zarr);
     }
     let mut head = Vec::with_capacity(SNIFF);
-    File::open(path)
+    crate::regular_file::open(path)
         .and_then(|f| f.take(SNIFF as u64).read_to_end(&mut head))
         .map_err(|e| ConvertError::io(path, e))?;
     Ok(recognise(&head))

@@ -178,7 +178,8 @@ impl EmpadSource {
                 format!("{len} bytes is too large for an EMPAD XML description"),
             ));
         }
-        let text = std::fs::read_to_string(path).map_err(|e| ConvertError::io(path, e))?;
+        let text =
+            crate::regular_file::read_to_string(path).map_err(|e| ConvertError::io(path, e))?;
         let xml = parse_xml(path, &text)?;
         if xml.raw_filename.contains(['/', '\\']) || xml.raw_filename.is_empty() {
             return Err(ConvertError::input(
@@ -193,7 +194,8 @@ impl EmpadSource {
             .parent()
             .unwrap_or(Path::new("."))
             .join(&xml.raw_filename);
-        let raw = File::open(&raw_path).map_err(|e| ConvertError::io(&raw_path, e))?;
+        let raw =
+            crate::regular_file::open(&raw_path).map_err(|e| ConvertError::io(&raw_path, e))?;
         let raw_len = raw
             .metadata()
             .map_err(|e| ConvertError::io(&raw_path, e))?

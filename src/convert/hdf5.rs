@@ -109,6 +109,8 @@ pub struct Hdf5Source {
 impl Hdf5Source {
     pub fn open(path: &Path, name: &str, options: &Options) -> Result<Hdf5Source, ConvertError> {
         let err = |what: &str, e: h5::Error| ConvertError::input(path, format!("{what}: {e}"));
+        // HDF5 opens the file itself; check first that it is one.
+        crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let file = h5::File::open(path).map_err(|e| err("not a readable HDF5 file", e))?;
         let dataset = file.dataset(name).map_err(|e| err(name, e))?;
         let dims: Vec<u64> = dataset.shape().iter().map(|&d| d as u64).collect();

@@ -117,7 +117,7 @@ pub fn merge(base: &mut Value, patch: &Value) {
 }
 
 fn read_user(path: &Path) -> Result<Value, ConvertError> {
-    let text = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
+    let text = crate::regular_file::read(path).map_err(|e| ConvertError::io(path, e))?;
     let value: Value = serde_json::from_slice(&text)
         .map_err(|e| ConvertError::input(path, format!("not valid JSON: {e}")))?;
     if !value.is_object() {

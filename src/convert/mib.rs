@@ -213,7 +213,7 @@ fn read_hdr(path: &Path) -> Result<Option<Map<String, Value>>, ConvertError> {
             "too large for a Merlin .hdr file",
         ));
     }
-    let bytes = std::fs::read(path).map_err(|e| ConvertError::io(path, e))?;
+    let bytes = crate::regular_file::read(path).map_err(|e| ConvertError::io(path, e))?;
     let text = String::from_utf8_lossy(&bytes);
     if !text.starts_with("HDR") {
         return Err(ConvertError::input(
@@ -259,7 +259,7 @@ pub struct MibSource {
 
 impl MibSource {
     pub fn open(path: &Path, options: &Options) -> Result<MibSource, ConvertError> {
-        let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+        let file = crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let len = file
             .metadata()
             .map_err(|e| ConvertError::io(path, e))?

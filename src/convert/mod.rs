@@ -263,6 +263,12 @@ fn qem_to_zarr(
         ));
     }
     let file = crate::qem::QemFile::open(input).map_err(|e| ConvertError::read(input, e))?;
+    if file.logical_expected().is_some() {
+        // The store is written from blocks in parallel, so the whole-array
+        // checksum is computed first (the verdict is kept for write_store).
+        file.verify_logical()
+            .map_err(|e| ConvertError::read(input, e))?;
+    }
     let name = input
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())

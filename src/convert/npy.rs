@@ -5,8 +5,6 @@ use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use memmap2::Mmap;
-
 use super::dense::{not_representable, DenseFrames};
 use super::describe::{foreign, shape4};
 use super::element::{ByteOrder, Narrowing, SourceDtype};
@@ -31,7 +29,7 @@ enum Frames {
 
 impl NpySource {
     pub fn open(path: &Path, options: &Options) -> Result<NpySource, ConvertError> {
-        let mut file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+        let mut file = crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let len = file
             .metadata()
             .map_err(|e| ConvertError::io(path, e))?
@@ -126,9 +124,9 @@ impl FortranFrames {
         narrowing: Narrowing,
         dims: Vec<u64>,
     ) -> Result<FortranFrames, ConvertError> {
-        // SAFETY: read-only mapping; a file truncated underneath us reads as
-        // zeros through the mapguard, which the binary reports.
-        let map = unsafe { Mmap::map(file) }.map_err(|e| ConvertError::io(path, e))?;
+        // A file truncated underneath us reads as zeros through the
+        // mapguard; `read_frames` checks this mapping's fault count.
+        let map = Mapping::map(file).map_err(|e| ConvertError::io(path, e))?;
         let mut strides = Vec::with_capacity(dims.len());
         let mut s = 1;
         for &d in &dims {
@@ -137,7 +135,7 @@ impl FortranFrames {
         }
         Ok(FortranFrames {
             path: path.to_path_buf(),
-            map: Mapping::new(map),
+            map,
             data_offset,
             narrowing,
             dims,
@@ -169,6 +167,9 @@ impl FortranFrames {
             }
         }
         release(&self.map);
+        if self.map.faults() != 0 {
+            return Err(ConvertError::input(&self.path, crate::mapguard::CHANGED));
+        }
         let start = first * pixels;
         self.narrowing.apply(&self.scratch, out).map_err(|(i, v)| {
             not_representable(

@@ -15,7 +15,7 @@ use crate::qem::write::{
 
 /// Most frame bytes one chunk of a written `.qem` buffers (see [`QemSink::create`]).
 pub const CHUNK_BYTES: u64 = 256 << 20;
-use crate::qem::{Codec, Dtype, QemFile};
+use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
 
 pub struct QemSource {
     path: PathBuf,
@@ -26,6 +26,9 @@ pub struct QemSource {
     block: Vec<u8>,
     block_frames: Range<usize>,
     code_buffer: Vec<u16>,
+    /// Float files: `logical_sha256` checked as the blocks go by, so that
+    /// the last window fails (before any sink publishes) on a mismatch.
+    logical: Option<LogicalDigest>,
 }
 
 impl QemSource {
@@ -35,7 +38,9 @@ impl QemSource {
         let file = QemFile::open(path).map_err(|e| ConvertError::read(path, e))?;
         let codes = codes && file.codec() == Codec::Scaled;
         let description = describe(path, &file, codes)?;
+        let logical = file.logical_expected().map(|_| file.logical_digest());
         Ok(QemSource {
+            logical,
             path: path.to_path_buf(),
             file,
             codes,
@@ -64,6 +69,11 @@ impl QemSource {
             self.file
                 .decode_block_into(info.index, &mut self.block)
                 .map_err(|e| ConvertError::read(&self.path, e))?;
+            if let Some(digest) = &mut self.logical {
+                digest
+                    .feed(&self.file, info.index, &self.block)
+                    .map_err(|e| ConvertError::read(&self.path, e))?;
+            }
         }
         self.block_frames = info.frame_range();
         Ok(())
@@ -92,6 +102,13 @@ impl Source for QemSource {
             out[at..at + n].copy_from_slice(&self.block[from..from + n]);
             at += n;
             frame += n / frame_bytes;
+        }
+        if frame == self.file.frames() {
+            if let Some(digest) = self.logical.take() {
+                digest
+                    .finish(&self.file)
+                    .map_err(|e| ConvertError::read(&self.path, e))?;
+            }
         }
         Ok(())
     }

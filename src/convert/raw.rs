@@ -1,7 +1,6 @@
 //! Raw binary: a dense C-order array whose shape and dtype the user gives
 //! (`--shape`, `--dtype`), since the file carries neither.
 
-use std::fs::File;
 use std::path::Path;
 
 use super::dense::DenseFrames;
@@ -23,7 +22,7 @@ impl RawSource {
                 "not a recognised format (.npy, .qem, TIFF, EMPAD .xml, Merlin .mib, HDF5); raw input needs --shape and --dtype",
             ));
         };
-        let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+        let file = crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let len = file
             .metadata()
             .map_err(|e| ConvertError::io(path, e))?

@@ -168,7 +168,7 @@ fn shaped_scan(description: &str, pages: u64, rows: u64, columns: u64) -> Option
 impl TiffSource {
     pub fn open(path: &Path, options: &Options) -> Result<TiffSource, ConvertError> {
         let reader = || -> Result<Decoder<BufReader<File>>, ConvertError> {
-            let file = File::open(path).map_err(|e| ConvertError::io(path, e))?;
+            let file = crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
             Decoder::new(BufReader::new(file)).map_err(|e| tiff_error(path, 0, e))
         };
         // One pass over the directories (no pixels) to count and check the pages.

@@ -32,7 +32,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 /// `sha256` files and `qem hash --file`, on files of any size).
 pub fn sha256_file_hex(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+    let mut file = crate::regular_file::open(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];
     loop {

@@ -5,12 +5,10 @@
 //! their 64 MiB checksum block has been verified; each block is hashed once
 //! per opened file and its verdict remembered.
 
-use std::fs::File;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
-
-use memmap2::Mmap;
 
 use crate::mapguard::Mapping;
 use rayon::prelude::*;
@@ -112,7 +110,15 @@ pub struct QemFile {
     integrity: BodyIntegrity,
     chunk_tables: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
     chunk_spatial: Vec<OnceLock<std::result::Result<(), ChunkFault>>>,
+    /// Per block (integer codec): whether its spatial index agrees with
+    /// its decoded counts, known once any decode of the whole block (for
+    /// any reader) compared them. Index products refuse a block found to
+    /// disagree.
+    block_index: Vec<OnceLock<Result<()>>>,
     pixel_fields: OnceLock<Vec<(u32, u32)>>,
+    /// Float codec: the SHA-256 of the whole decoded array once computed,
+    /// or the mismatch with `logical_sha256` (see [`super::logical`]).
+    pub(super) logical: OnceLock<Result<String>>,
 }
 
 impl std::fmt::Debug for QemFile {
@@ -135,15 +141,15 @@ fn block_streams(codec: Codec, pixels: usize, block_in_chunk: usize) -> (usize, 
 }
 
 impl QemFile {
-    /// Opens and memory-maps `path`, checking everything but the body.
+    /// Opens and memory-maps `path` (a regular file only: see
+    /// [`crate::regular_file`]), checking everything but the body.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
-        let file = File::open(path)?;
-        // SAFETY: the map is read-only. A file truncated by another process
-        // while mapped faults on access: `mapguard` (when installed) turns
-        // that into zeros and a fault count its callers check; the
-        // format's writers never modify a published file in place.
-        let map = unsafe { Mmap::map(&file)? };
-        Self::from_source(Source::Mapped(Mapping::new(map)))
+        let file = crate::regular_file::open(path.as_ref())?;
+        // A file truncated by another process while mapped faults on
+        // access: `mapguard` (when installed) turns that into zeros and a
+        // fault count its callers check; the format's writers never modify
+        // a published file in place.
+        Self::from_source(Source::Mapped(Mapping::map(&file)?))
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).
@@ -159,14 +165,17 @@ impl QemFile {
         let integrity = BodyIntegrity::new(&header.sha256, file.len() - envelope.body_start)?;
         let layout = Layout::parse(&header)?;
         let n = layout.chunks.len();
+        let blocks = layout.blocks.len();
         Ok(QemFile {
             envelope,
             header,
             integrity,
             chunk_tables: (0..n).map(|_| OnceLock::new()).collect(),
             chunk_spatial: (0..n).map(|_| OnceLock::new()).collect(),
+            block_index: (0..blocks).map(|_| OnceLock::new()).collect(),
             layout,
             pixel_fields: OnceLock::new(),
+            logical: OnceLock::new(),
             source,
         })
     }
@@ -445,6 +454,18 @@ impl QemFile {
             Codec::Scaled if raw_codes => Codec::Integer,
             other => other,
         };
+        // Every whole-block decode of a counts file checks the block's
+        // spatial index on the way, once (see `block_index`): each group sums its own pixels
+        // per field (a group spans few tiles) and adds them to the block's
+        // totals, so no group's sums outlive it.
+        let index_check = (self.codec() == Codec::Integer
+            && self.block_index[info.index].get().is_none())
+        .then(|| {
+            let totals: Vec<AtomicU64> = (0..self.layout.fields * m)
+                .map(|_| AtomicU64::new(0))
+                .collect();
+            (self.index_inputs(), totals)
+        });
         let strips: Vec<Result<Vec<u8>>> = (0..groups)
             .into_par_iter()
             .map(|g| {
@@ -480,6 +501,14 @@ impl QemFile {
                         value,
                         dtype: "uint8",
                     });
+                }
+                if let Some(((fields, valid), totals)) = &index_check {
+                    for (t, sums) in group_tile_sums(&scratch, ws, m, p0, fields, valid) {
+                        let row = &totals[t as usize * m..(t as usize + 1) * m];
+                        for (total, v) in row.iter().zip(sums) {
+                            total.fetch_add(v, Ordering::Relaxed);
+                        }
+                    }
                 }
                 let mut strip = vec![0u8; rows * w * e];
                 let (scale, offset) = calibration.unwrap_or((1.0, 0.0));
@@ -518,6 +547,26 @@ impl QemFile {
             })
             .collect();
         let strips = strips.into_iter().collect::<Result<Vec<_>>>()?;
+        if let Some(((fields, _), totals)) = index_check {
+            let mut computed: Vec<u64> = totals.into_iter().map(AtomicU64::into_inner).collect();
+            // Each 32×32 tile is the union of the 8×8 tiles inside it
+            // (both families are truncated at the same detector edges).
+            let [_, _, r, c] = self.shape();
+            let (g8r, g8c) = Tile::Px8.grid(r, c);
+            for tr in 0..g8r {
+                for tc in 0..g8c {
+                    let f8 = tr * g8c + tc;
+                    let f32_ = fields[(tr * 8) * c + tc * 8].1 as usize;
+                    for t in 0..m {
+                        computed[f32_ * m + t] += computed[f8 * m + t];
+                    }
+                }
+            }
+            // Only remembered: the counts themselves are verified (body
+            // digests, exact decode) and are served; what disagrees is the
+            // index, which index products then refuse.
+            let _ = self.record_index(info, &computed);
+        }
         let row_bytes = p_count * e;
         if row_bytes == 0 || rows == 0 {
             return Ok(());
@@ -629,6 +678,11 @@ impl QemFile {
         });
         let clean = clean? && agrees?;
         if clean {
+            if integer {
+                // The index agrees with the counts: remembered, as every
+                // whole-block decode does, for the index products.
+                let _ = self.block_index[info.index].get_or_init(|| Ok(()));
+            }
             return Ok(());
         }
         let cols = self.block_columns(info)?;
@@ -784,14 +838,8 @@ impl QemFile {
             })
             .collect();
         results.into_iter().collect::<Result<()>>()?;
-        if let Some(expected) = &self.header.logical_sha256 {
-            let actual = hex(&Sha256::digest(&*out));
-            if &actual != expected {
-                return Err(QemError::LogicalChecksum {
-                    expected: expected.clone(),
-                    actual,
-                });
-            }
+        if self.logical_expected().is_some() {
+            self.record(hex(&Sha256::digest(&*out)))?;
         }
         Ok(())
     }
@@ -1042,8 +1090,23 @@ impl QemFile {
 
     /// Tile sums from the spatial index (integer codec), without decoding
     /// counts: frame-major, `grid.0 * grid.1` values per frame in tile-row
-    /// order, for frames `frames`.
+    /// order, for frames `frames`. A block whose index was already found to
+    /// disagree with its counts (by any decode of it) is refused.
     pub fn spatial_sums(&self, tile: Tile, frames: Range<usize>) -> Result<Vec<u32>> {
+        self.spatial_sums_checked(tile, frames, false)
+    }
+
+    /// [`spatial_sums`](Self::spatial_sums), with every block it uses
+    /// decoded and checked against its counts first
+    /// ([`verify_block_index`](Self::verify_block_index)) when `verify`:
+    /// exact even for a forged index whose file checksums were recomputed,
+    /// at the cost of decoding those blocks once.
+    pub fn spatial_sums_checked(
+        &self,
+        tile: Tile,
+        frames: Range<usize>,
+        verify: bool,
+    ) -> Result<Vec<u32>> {
         if frames.start > frames.end || frames.end > self.frames() {
             return Err(QemError::OutOfRange {
                 what: "frame range end",
@@ -1059,6 +1122,11 @@ impl QemFile {
         let mut f = frames.start;
         while f < frames.end {
             let info = *self.block_of_frame(f)?;
+            if verify {
+                self.verify_block_index(info.index)?;
+            } else if let Some(Err(e)) = self.block_index_verdict(info.index) {
+                return Err(e);
+            }
             let sums = self.block_spatial(&info)?;
             let m = info.frames;
             let t1 = (frames.end - info.first_frame).min(m);
@@ -1073,30 +1141,67 @@ impl QemFile {
         Ok(out)
     }
 
-    /// Checks one decoded integer block against the spatial index.
-    fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
-        let stored = self.block_spatial(info)?;
+    /// The field of every pixel, and the validity mask (all valid when the
+    /// file has none), for summing decoded counts per field.
+    fn index_inputs(&self) -> (&[(u32, u32)], std::borrow::Cow<'_, ValidMask>) {
         let [_, _, r, c] = self.shape();
         let pf = self
             .pixel_fields
             .get_or_init(|| spatial::pixel_fields(r, c));
-        let valid = self
-            .valid_mask()
-            .cloned()
-            .unwrap_or_else(|| ValidMask::all_valid(self.pixels()));
-        let m = info.frames;
-        let computed = spatial::sums_from_columns(cols, m, self.layout.fields, pf, &valid);
-        if let Some(i) = (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
-            return Err(QemError::SpatialIndex {
-                chunk: info.chunk,
-                block: info.block_in_chunk,
-                field: i / m,
-                frame: info.first_frame + i % m,
-                stored: u64::from(stored[i]),
-                computed: computed[i],
-            });
+        let valid = match self.valid_mask() {
+            Some(v) => std::borrow::Cow::Borrowed(v),
+            None => std::borrow::Cow::Owned(ValidMask::all_valid(self.pixels())),
+        };
+        (pf, valid)
+    }
+
+    /// Checks one decoded integer block (stream-major columns) against the
+    /// spatial index.
+    fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
+        if let Some(known) = self.block_index[info.index].get() {
+            return known.clone();
         }
-        Ok(())
+        let (pf, valid) = self.index_inputs();
+        let computed =
+            spatial::sums_from_columns(cols, info.frames, self.layout.fields, pf, &valid);
+        self.record_index(info, &computed)
+    }
+
+    /// Compares the decoded per-field sums of a block (`computed[t * m +
+    /// k]`) with its stored index and remembers the verdict.
+    fn record_index(&self, info: &BlockInfo, computed: &[u64]) -> Result<()> {
+        let verdict = self.block_spatial(info).and_then(|stored| {
+            let m = info.frames;
+            match (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
+                Some(i) => Err(QemError::SpatialIndex {
+                    chunk: info.chunk,
+                    block: info.block_in_chunk,
+                    field: i / m,
+                    frame: info.first_frame + i % m,
+                    stored: u64::from(stored[i]),
+                    computed: computed[i],
+                }),
+                None => Ok(()),
+            }
+        });
+        self.block_index[info.index].get_or_init(|| verdict).clone()
+    }
+
+    /// Whether block `block`'s spatial index is known to agree with its
+    /// counts (`None`: no whole decode of it has compared them yet).
+    pub fn block_index_verdict(&self, block: usize) -> Option<Result<()>> {
+        self.block_index.get(block)?.get().cloned()
+    }
+
+    /// Decodes block `block` (unless its verdict is known) and checks its
+    /// spatial index against the counts.
+    pub fn verify_block_index(&self, block: usize) -> Result<()> {
+        let info = *self.block_info(block)?;
+        if let Some(known) = self.block_index_verdict(block) {
+            return known;
+        }
+        let cols = self.block_columns(&info)?;
+        self.check_spatial(&info, &cols)
     }
 
     // ----- validation ---------------------------------------------------
@@ -1128,8 +1233,10 @@ impl QemFile {
     /// Decodes every block (bounded memory), checks the dtype range, the
     /// spatial index (integer) and `logical_sha256` (float).
     pub(crate) fn check_decode(&self) -> Result<()> {
+        if self.codec() == Codec::Float {
+            return self.verify_logical().map(|_| ());
+        }
         const BATCH_BYTES: usize = 256 * 1024 * 1024;
-        let mut hasher = (self.codec() == Codec::Float).then(Sha256::new);
         let blocks = &self.layout.blocks;
         let mut i = 0;
         while i < blocks.len() {
@@ -1139,42 +1246,76 @@ impl QemFile {
                 bytes += blocks[j].decoded_bytes;
                 j += 1;
             }
-            let dense: Vec<Result<Option<Vec<u8>>>> = blocks[i..j]
+            // Collected, so that the first bad block in file order is the
+            // one reported.
+            let verdicts: Vec<Result<()>> = blocks[i..j]
                 .par_iter()
-                .map(|info| match self.codec() {
-                    _ if self.u16_blocks() => self.validate_u16_block(info).map(|_| None),
-                    Codec::Integer | Codec::Scaled => {
-                        let cols = self.block_columns(info)?;
-                        if self.codec() == Codec::Integer {
-                            self.check_spatial(info, &cols)?;
-                        }
-                        Ok(None)
+                .map(|info| {
+                    if self.u16_blocks() {
+                        return self.validate_u16_block(info);
                     }
-                    Codec::Float => {
-                        let mut out = vec![0u8; info.decoded_bytes];
-                        self.block_dense(info, 0, info.frames, &mut out)?;
-                        Ok(Some(out))
+                    let cols = self.block_columns(info)?;
+                    if self.codec() == Codec::Integer {
+                        self.check_spatial(info, &cols)?;
                     }
+                    Ok(())
                 })
                 .collect();
-            for d in dense {
-                if let (Some(h), Some(bytes)) = (hasher.as_mut(), d?) {
-                    h.update(&bytes);
-                }
-            }
+            verdicts.into_iter().collect::<Result<()>>()?;
             i = j;
-        }
-        if let (Some(h), Some(expected)) = (hasher, &self.header.logical_sha256) {
-            let actual = hex(&h.finalize());
-            if &actual != expected {
-                return Err(QemError::LogicalChecksum {
-                    expected: expected.clone(),
-                    actual,
-                });
-            }
         }
         Ok(())
     }
+}
+
+/// 8×8-tile sums of one group's pixels over a block's frames: `(field,
+/// m sums)` for each 8×8 field the group touches.
+type FieldSums = Vec<(u32, Vec<u64>)>;
+
+/// [`FieldSums`] of the group of pixels `p0..p0 + ws` from its frame-major
+/// decoded counts (`scratch[t * ws + i]` is pixel `p0 + i` at frame `t`).
+/// Pixels are taken in runs of valid pixels of one 8×8 tile (at most 8
+/// along a detector row), so each frame's row is read once, in order.
+fn group_tile_sums(
+    scratch: &[u16],
+    ws: usize,
+    m: usize,
+    p0: usize,
+    pixel_fields: &[(u32, u32)],
+    valid: &ValidMask,
+) -> FieldSums {
+    let mut out: FieldSums = Vec::new();
+    // (first pixel in the group, run length, slot in `out`)
+    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
+    let mut i = 0;
+    while i < ws {
+        let field = pixel_fields[p0 + i].0;
+        if !valid.is_valid(p0 + i) {
+            i += 1;
+            continue;
+        }
+        let mut len = 1;
+        while i + len < ws && pixel_fields[p0 + i + len].0 == field && valid.is_valid(p0 + i + len)
+        {
+            len += 1;
+        }
+        let slot = match out.iter().position(|(f, _)| *f == field) {
+            Some(k) => k,
+            None => {
+                out.push((field, vec![0u64; m]));
+                out.len() - 1
+            }
+        };
+        runs.push((i, len, slot));
+        i += len;
+    }
+    for (t, row) in scratch.chunks_exact(ws).take(m).enumerate() {
+        for &(start, len, slot) in &runs {
+            let s: u32 = row[start..start + len].iter().map(|&v| u32::from(v)).sum();
+            out[slot].1[t] += u64::from(s);
+        }
+    }
+    out
 }
 
 fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {

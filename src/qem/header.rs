@@ -87,9 +87,11 @@ pub struct ValidMask {
 }
 
 impl ValidMask {
-    /// Parses the hex mask of `pixels` pixels. As the reference does, upper
+    /// Parses the hex mask of `pixels` pixels: hex digits only, exactly
+    /// `ceil(pixels / 8)` pairs. As the reference does (spec §15.7), upper
     /// case and whitespace between byte pairs are accepted and padding bits
-    /// are ignored.
+    /// are ignored; anything else (a sign, `0x`, other characters) is
+    /// refused rather than left to a lenient number parser.
     pub fn parse(hex: &str, pixels: usize) -> Result<Self, QemError> {
         let bad =
             |why: &str| QemError::header("valid", format!("invalid detector validity mask: {why}"));
@@ -101,18 +103,29 @@ impl ValidMask {
             return Err(bad("hex digits not in pairs"));
         }
         let digits: Vec<u8> = hex.bytes().filter(|c| !c.is_ascii_whitespace()).collect();
-        let mut bytes = Vec::with_capacity(digits.len() / 2);
-        for pair in digits.chunks_exact(2) {
-            let s = std::str::from_utf8(pair).map_err(|_| bad("not hex"))?;
-            bytes.push(u8::from_str_radix(s, 16).map_err(|_| bad("not hex"))?);
-        }
-        if bytes.len() != pixels.div_ceil(8) {
+        if let Some(at) = digits.iter().position(|c| !c.is_ascii_hexdigit()) {
             return Err(bad(&format!(
-                "{} bytes for {pixels} pixels, {} expected",
-                bytes.len(),
-                pixels.div_ceil(8)
+                "{:?} is not a hex digit (digit {at})",
+                char::from(digits[at])
             )));
         }
+        let want = pixels.div_ceil(8);
+        if digits.len() != 2 * want {
+            return Err(bad(&format!(
+                "{} hex digits for {pixels} pixels, {} expected",
+                digits.len(),
+                2 * want
+            )));
+        }
+        let nibble = |c: u8| match c {
+            b'0'..=b'9' => c - b'0',
+            b'a'..=b'f' => c - b'a' + 10,
+            _ => c - b'A' + 10,
+        };
+        let bytes: Vec<u8> = digits
+            .chunks_exact(2)
+            .map(|pair| (nibble(pair[0]) << 4) | nibble(pair[1]))
+            .collect();
         Ok(ValidMask { bytes, pixels })
     }
 
@@ -452,5 +465,18 @@ mod tests {
         assert!(ValidMask::parse("ec00", 6).is_err());
         assert!(ValidMask::parse("E C", 6).is_err());
         assert!(ValidMask::parse("EC", 6).is_ok());
+    }
+
+    #[test]
+    fn valid_mask_takes_hex_digits_only() {
+        for bad in ["+c", "-1", "0x", "g0", "é", "e", "ec0"] {
+            let e = ValidMask::parse(bad, 6).unwrap_err().to_string();
+            assert!(e.contains("validity mask"), "{bad}: {e}");
+        }
+        assert!(ValidMask::parse("+c", 6)
+            .unwrap_err()
+            .to_string()
+            .contains("'+' is not a hex digit"));
+        assert_eq!(ValidMask::parse("Ec ff", 16).unwrap().invalid_count(), 3);
     }
 }

@@ -338,6 +338,16 @@ pub struct DetectorOptions {
     pub haadf: Option<[f64; 2]>,
     /// Which mask edges belong to the masks.
     pub edges: Edges,
+    /// Index products (`virtual/sum.npy` and the tile-aligned parts of the
+    /// detector images of counts files) decode and check every block they
+    /// use against its spatial index before using the index. Off by
+    /// default: those products exist to be computed without decoding
+    /// (a whole-file `sum.npy` from the index alone), and with it off a
+    /// block is still checked whenever anything decodes it, and a block
+    /// found to disagree is never used again. On, a forged index whose
+    /// file checksums were recomputed (which only `qem validate` or a
+    /// decode would catch) is never served.
+    pub verify_index: bool,
 }
 
 /// How the centre and bright-field radius were chosen.

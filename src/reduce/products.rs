@@ -21,6 +21,8 @@ pub struct Reducer<'a> {
     file: &'a QemFile,
     accelerator: &'a dyn Accelerator,
     background: Option<Vec<f32>>,
+    /// See [`Reducer::verify_index`].
+    verify_index: bool,
 }
 
 /// The values of one product in the dtype it is served as: exact `u64`
@@ -125,7 +127,17 @@ impl<'a> Reducer<'a> {
             file,
             accelerator,
             background: background_plane(file)?,
+            verify_index: false,
         })
+    }
+
+    /// Whether products from the spatial index decode and check each
+    /// block they use first ([`QemFile::spatial_sums_checked`]); see
+    /// [`crate::reduce::geometry::DetectorOptions::verify_index`] for the
+    /// default.
+    pub fn verify_index(mut self, on: bool) -> Self {
+        self.verify_index = on;
+        self
     }
 
     pub fn accelerator(&self) -> &dyn Accelerator {
@@ -373,9 +385,12 @@ impl<'a> Reducer<'a> {
         let mut images = vec![Vec::with_capacity(n); masks.len()];
         for block in self.file.blocks() {
             let frames: Range<usize> = block.frame_range();
-            let sums32 = self.file.spatial_sums(Tile::Px32, frames.clone())?;
+            let sums32 =
+                self.file
+                    .spatial_sums_checked(Tile::Px32, frames.clone(), self.verify_index)?;
             let sums8 = if need8 {
-                self.file.spatial_sums(Tile::Px8, frames.clone())?
+                self.file
+                    .spatial_sums_checked(Tile::Px8, frames.clone(), self.verify_index)?
             } else {
                 Vec::new()
             };

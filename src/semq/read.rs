@@ -1,6 +1,5 @@
 //! Reading an image: validation in the exact order of spec section 4.
 
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -57,7 +56,7 @@ impl Encoding {
             path: path.to_path_buf(),
             source,
         };
-        let mut file = File::open(path).map_err(io)?;
+        let mut file = crate::regular_file::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < MAP_THRESHOLD {
             // len is below the threshold, so reserving it is bounded.
@@ -72,12 +71,11 @@ impl Encoding {
                 state,
             ));
         }
-        // SAFETY: the map is read-only and only ever read through slices;
-        // a truncation while mapped faults on access, which `mapguard`
-        // (when installed) absorbs and counts.
-        let map = match unsafe { memmap2::MmapOptions::new().populate().map(&file) } {
+        // A truncation while mapped faults on access, which `mapguard`
+        // (when installed) absorbs and charges to this mapping.
+        let map = match crate::mapguard::Mapping::map(&file) {
             Ok(map) => map,
-            // Some filesystems and special files cannot be mapped: read them.
+            // Some filesystems cannot map: read the (regular) file instead.
             Err(_) => {
                 let mut bytes = Vec::new();
                 file.read_to_end(&mut bytes).map_err(io)?;
@@ -91,7 +89,11 @@ impl Encoding {
                 ));
             }
         };
-        let map = crate::mapguard::Mapping::new(map);
+        // The framing, config and declared sizes read only the first
+        // pages: a file of the wrong size or kind fails here, before the
+        // whole of it is read in.
+        framing(&map)?;
+        map.will_need();
         let (layout, manifest, content, state) = validate(&map, progress)?;
         Ok(Encoding::from_parts(
             Image::Mapped(map),
@@ -132,14 +134,10 @@ fn fail(section: Section, message: &str) -> SemqError {
     SemqError::format(section, message)
 }
 
-/// Checks every rule of spec section 4 and returns where the sections
-/// are. The content digest is computed on one core while ids, manifest
-/// and rows are checked on the other; the first failure in spec order is
-/// reported, so the parallelism never changes the outcome.
-pub(crate) fn validate(
-    buf: &[u8],
-    progress: Progress<'_>,
-) -> Result<(Layout, Manifest, Digest32, Digest32)> {
+/// Steps 1-3 of validation (framing, config, declared sizes against the
+/// buffer's length), which read only the first bytes of the image and its
+/// id offsets' last entry.
+fn framing(buf: &[u8]) -> Result<Layout> {
     // 1. Framing.
     if buf.len() < MIN_IMAGE_LEN {
         return Err(fail(
@@ -162,8 +160,20 @@ pub(crate) fn validate(
     let config = Config::from_bytes(&config_bytes).map_err(|f| f.into_format_error())?;
 
     // 3. Sizes, in overflow-checked u64 arithmetic.
-    let layout = sizes(buf, config)?;
+    sizes(buf, config)
+}
 
+/// Checks every rule of spec section 4 and returns where the sections
+/// are. The content digest is computed on one core while ids, manifest
+/// and rows are checked on the other; the first failure in spec order is
+/// reported, so the parallelism never changes the outcome.
+pub(crate) fn validate(
+    buf: &[u8],
+    progress: Progress<'_>,
+) -> Result<(Layout, Manifest, Digest32, Digest32)> {
+    // 1-3. Framing, config, sizes.
+    let layout = framing(buf)?;
+    let config = layout.config;
     let ids = &buf[layout.ids.clone()];
     let rows_section = &buf[layout.rows.clone()];
     let manifest_section = &buf[layout.manifest.clone()];

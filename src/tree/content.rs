@@ -151,7 +151,11 @@ impl Content for Passthrough {
         if offset >= self.size {
             return Ok(0);
         }
-        let file = self.file.get_or_init(|| open_regular(&self.path));
+        // Only a regular file (see crate::regular_file): a FIFO or device
+        // swapped in after lookup must not block the worker reading it.
+        let file = self
+            .file
+            .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));
         let file = file.as_ref().map_err(|e| TreeError::Io {
             path: self.path.clone(),
             reason: e.clone(),
@@ -173,23 +177,6 @@ impl Content for Passthrough {
         }
         Ok(done)
     }
-}
-
-/// Opens `path` for reading only if it is a regular file: a FIFO or device
-/// swapped in after lookup would block the worker reading it (O_NONBLOCK
-/// makes the open itself return, fstat on the descriptor decides).
-fn open_regular(path: &Path) -> Result<File, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    Ok(file)
 }
 
 /// Reads a whole content (for `qem cat` and tests).

@@ -8,15 +8,13 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-
-use sha2::{Digest, Sha256};
+use std::sync::{Arc, Mutex};
 
 use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::mapguard;
 use crate::npy::{self, DType};
-use crate::qem::checksum::{self, hex};
-use crate::qem::{Codec, Dtype, QemFile};
+use crate::qem::checksum;
+use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
@@ -34,6 +32,9 @@ pub struct QemView {
     cache: Arc<BlockCache>,
     /// The last block a dense read touched, to spot sequential reading.
     last_block: AtomicUsize,
+    /// Float files: the whole-array checksum, fed by sequential readers of
+    /// the decoded array (see `check_logical`).
+    logical: Option<Mutex<LogicalDigest>>,
 }
 
 fn npy_dtype(d: Dtype) -> DType {
@@ -138,6 +139,10 @@ impl QemView {
     ) -> Result<usize, TreeError> {
         let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
         let total = frame_bytes * self.file.frames() as u64;
+        let logical = self.logical.as_ref().filter(|_| !codes);
+        if let (Some(_), Some(Err(e))) = (logical, self.file.logical_verdict()) {
+            return Err(self.decode_error(e));
+        }
         let mut done = 0usize;
         while done < buf.len() && offset + (done as u64) < total {
             let at = offset + done as u64;
@@ -153,8 +158,48 @@ impl QemView {
             }
             let block_start = info.first_frame as u64 * frame_bytes;
             done += copy_range(&block, at - block_start, &mut buf[done..]);
+            if let Some(Ok(mut digest)) = logical.map(Mutex::try_lock) {
+                digest
+                    .feed(&self.file, info.index, &block)
+                    .map_err(|e| self.decode_error(e))?;
+            }
+        }
+        if let Some(digest) = logical {
+            if done > 0 && offset + done as u64 == total {
+                self.check_logical(digest)?;
+            }
         }
         Ok(done)
+    }
+
+    /// A read reached the end of the decoded float array: the whole array
+    /// has now been handed out (to this reader or others), so its
+    /// `logical_sha256` must hold before this last piece is. The digest
+    /// fed by sequential readers is completed with the blocks it still
+    /// lacks (from the cache when they are there), so a sequential read
+    /// decodes nothing twice.
+    fn check_logical(self: &Arc<Self>, digest: &Mutex<LogicalDigest>) -> Result<(), TreeError> {
+        let mut digest = digest
+            .lock()
+            .map_err(|_| TreeError::Internal("logical digest poisoned".into()))?;
+        while self.file.logical_verdict().is_none() {
+            let next = digest.next_block();
+            if next >= self.file.blocks().len() {
+                // (Cannot happen: the last block records the verdict.)
+                self.file
+                    .verify_logical()
+                    .map_err(|e| self.decode_error(e))?;
+                break;
+            }
+            let block = self.block(next, false)?;
+            digest
+                .feed(&self.file, next, &block)
+                .map_err(|e| self.decode_error(e))?;
+        }
+        match self.file.logical_verdict() {
+            Some(Err(e)) => Err(self.decode_error(e)),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -363,12 +408,16 @@ pub fn directory(
     detectors: DetectorOptions,
 ) -> Result<Arc<dyn Directory>, TreeError> {
     let name = source.display().to_string();
+    let logical = file
+        .logical_expected()
+        .map(|_| Mutex::new(file.logical_digest()));
     let view = Arc::new(QemView {
         id,
         name: name.clone(),
         file,
         cache,
         last_block: AtomicUsize::new(usize::MAX - 1),
+        logical,
     });
     let file = &view.file;
     let shape = file.shape();
@@ -411,11 +460,19 @@ pub fn directory(
     entries.insert(
         "logical_sha256".into(),
         Entry::File(Arc::new(Lazy::new(65, move || {
-            let mut hasher = Sha256::new();
+            // Float files: refused when it disagrees with logical_sha256.
+            let mut digest = v.file.logical_digest();
             for block in v.file.blocks() {
-                hasher.update(v.block(block.index, false)?.as_slice());
+                digest
+                    .feed(
+                        &v.file,
+                        block.index,
+                        v.block(block.index, false)?.as_slice(),
+                    )
+                    .map_err(|e| v.decode_error(e))?;
             }
-            Ok(format!("{}\n", hex(&hasher.finalize())).into_bytes())
+            let actual = digest.finish(&v.file).map_err(|e| v.decode_error(e))?;
+            Ok(format!("{actual}\n").into_bytes())
         }))),
     );
     entries.insert(

@@ -83,7 +83,9 @@ impl Products {
     }
 
     fn reducer(&self) -> Result<Reducer<'_>, TreeError> {
-        Reducer::new(self.view.file(), &*self.accelerator).map_err(|e| self.fail(e))
+        Reducer::new(self.view.file(), &*self.accelerator)
+            .map(|r| r.verify_index(self.options.verify_index))
+            .map_err(|e| self.fail(e))
     }
 
     /// Runs `make`, refusing its result when this file's mapping faulted
@@ -141,7 +143,7 @@ impl Products {
                 let [_, _, r, c] = file.shape();
                 let (gr, gc) = Tile::Px32.grid(r, c);
                 let sums = file
-                    .spatial_sums(Tile::Px32, 0..file.frames())
+                    .spatial_sums_checked(Tile::Px32, 0..file.frames(), self.options.verify_index)
                     .map_err(|e| self.fail(e))?;
                 Ok(Image::U64(
                     sums.chunks((gr * gc).max(1))

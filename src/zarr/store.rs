@@ -239,6 +239,12 @@ pub fn write_store(
     compression: Compression,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<StoreSummary, ZarrError> {
+    if file.logical_expected().is_some() {
+        // A whole float array leaves: its logical checksum must hold
+        // (see crate::qem::logical), before anything is written.
+        file.verify_logical()
+            .map_err(|e| fail(target, format!("{source_name}: {e}")))?;
+    }
     let dir = AtomicDir::create(target, overwrite).map_err(|e| fail(target, e))?;
     let root = dir.temp().to_path_buf();
     let store = Arc::new(Store::new(&root).map_err(|e| fail(target, e))?);

@@ -5,9 +5,8 @@ use std::path::Path;
 
 use rayon::prelude::*;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
-use qemfs::qem::checksum::{self, hex};
+use qemfs::qem::checksum;
 use qemfs::qem::{QemFile, ValidationLevel};
 
 use crate::exit::{Failure, ERROR, OK};
@@ -151,16 +150,17 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
 }
 
 /// SHA-256 of the decoded array's C-order little-endian bytes, block by
-/// block (memory stays at one decoded block).
+/// block (memory stays at one decoded block). A float file whose digest
+/// disagrees with its `logical_sha256` fails.
 pub fn logical_sha256(file: &QemFile) -> Result<String, qemfs::qem::QemError> {
-    let mut hasher = Sha256::new();
+    let mut digest = file.logical_digest();
     let mut buffer = Vec::new();
     for block in file.blocks() {
         buffer.resize(block.decoded_bytes, 0);
         file.decode_block_into(block.index, &mut buffer)?;
-        hasher.update(&buffer);
+        digest.feed(file, block.index, &buffer)?;
     }
-    Ok(hex(&hasher.finalize()))
+    digest.finish(file)
 }
 
 pub fn hash(args: &HashArgs) -> Result<u8, Failure> {

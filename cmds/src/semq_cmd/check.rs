@@ -72,7 +72,7 @@ fn print_hashes(files: &[PathBuf], content: bool) -> Result<u8, Failure> {
 /// `<file>: FAILED` per line; exit 1 when a digest differs, 2 when a file
 /// cannot be read or the list is malformed.
 fn check(sums: &Path, content: bool) -> Result<u8, Failure> {
-    let text = std::fs::read_to_string(sums).map_err(|e| Failure::file(sums, e))?;
+    let text = qemfs::regular_file::read_to_string(sums).map_err(|e| Failure::file(sums, e))?;
     let mut entries = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {

@@ -2,7 +2,6 @@
 //! files. Every output is published atomically and never replaces an
 //! existing file unless `--force` is given.
 
-use std::fs;
 use std::io::Write;
 use std::path::Path;
 
@@ -33,7 +32,7 @@ fn extension(path: &Path) -> String {
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, Failure> {
-    fs::read(path).map_err(|e| Failure::file(path, os_error(&e, path)))
+    qemfs::regular_file::read(path).map_err(|e| Failure::file(path, os_error(&e, path)))
 }
 
 /// float32 vectors from `.npy` ([n, dim], float32) or raw little-endian
