@@ -93,7 +93,7 @@ struct MountArgs {
     workers: usize,
     /// Containers kept open (mapped, headers parsed); the least recently
     /// used beyond this are closed until looked up again
-    #[arg(long, default_value = "1024", value_name = "N", value_parser = at_least_one)]
+    #[arg(long, default_value = "1024", value_name = "N", value_parser = open_containers)]
     open_containers: usize,
     /// Follow symbolic links that lead out of SRC (links into the mount
     /// point and links that loop are never followed)
@@ -115,6 +115,15 @@ struct MountArgs {
     detectors: DetectorArgs,
     #[command(flatten)]
     gpu: GpuArgs,
+}
+
+/// At most half the SIGBUS guard's slots, leaving the rest to files held
+/// open by readers after their container was closed.
+fn open_containers(text: &str) -> Result<usize, String> {
+    match at_least_one(text)? {
+        n if n <= 2048 => Ok(n),
+        _ => Err(format!("{text:?} must be at most 2048")),
+    }
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
