@@ -2,12 +2,12 @@
 //! steps per call, their values of one step written as one row of a
 //! frame-major block. The state lives in a [`Group`] between calls, so that
 //! a block can be decoded a slab of frames at a time across all its pixels
-//! (see [`super::frame_major`]).
+//! (see `qem::frame_major`).
 //!
 //! Three kernels, chosen at run time by [`Kernel::best`]: AVX-512 (four
 //! 16-lane registers), AVX2 (two passes of four 8-lane registers) and
 //! portable scalar lanes. All compute exactly the steps of
-//! [`super::rans::step`]; none tests for the end of a stream inside a call:
+//! `rans::step`; none tests for the end of a stream inside a call:
 //! the caller bounds the bytes a call can read (at most [`STEP_BYTES`] per
 //! step plus [`WINDOW`]) and compares each lane's position with its
 //! stream's end after the call.
