@@ -12,7 +12,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{can_mount, fixtures, is_mounted, qem, qemfs};
 
@@ -373,42 +373,29 @@ fn a_user_other_than_root_mounts_and_unmounts() {
         std::os::unix::fs::chown(path, Some(uid), Some(gid)).unwrap();
     }
     fs::set_permissions(p.dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
-    let as_user = |args: &[&std::ffi::OsStr]| {
+    let as_user = |program: &std::ffi::OsStr, args: &[&std::ffi::OsStr]| {
         run(Command::new("setpriv")
             .arg(format!("--reuid={uid}"))
             .arg(format!("--regid={gid}"))
             .arg("--clear-groups")
             .arg("--")
-            .arg(qemfs())
+            .arg(program)
             .args(args))
     };
-    let out = as_user(&["mount".as_ref(), p.src.as_os_str(), p.mnt.as_os_str()]);
+    let qemfs = qemfs();
+    let out = as_user(
+        qemfs.as_ref(),
+        &["mount".as_ref(), p.src.as_os_str(), p.mnt.as_os_str()],
+    );
     assert!(out.status.success(), "mount as {user}: {}", text(&out));
-    let pid = {
-        let start = Instant::now();
-        loop {
-            if is_mounted(&p.mnt) {
-                break;
-            }
-            assert!(start.elapsed() < Duration::from_secs(10));
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let out = run(Command::new("setpriv")
-            .arg(format!("--reuid={uid}"))
-            .arg(format!("--regid={gid}"))
-            .arg("--clear-groups")
-            .args(["--", "cat"])
-            .arg(p.mnt.join("notes.txt")));
-        assert_eq!(out.stdout, b"plain\n", "{}", text(&out));
-        // Root cannot look into another user's mount (no allow_other):
-        // the daemon is found as that user's qemfs process.
-        let out = run(Command::new("pgrep").args(["-u", &uid.to_string(), "-x", "qemfs"]));
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse::<u32>()
-            .unwrap()
-    };
-    let out = as_user(&["unmount".as_ref(), p.mnt.as_os_str()]);
+    assert!(is_mounted(&p.mnt), "ready means mounted");
+    let out = as_user("cat".as_ref(), &[p.mnt.join("notes.txt").as_os_str()]);
+    assert_eq!(out.stdout, b"plain\n", "{}", text(&out));
+    // Root cannot look into another user's mount (no allow_other): the
+    // daemon is found as that user's qemfs process.
+    let out = run(Command::new("pgrep").args(["-u", &uid.to_string(), "-x", "qemfs"]));
+    let pid: u32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    let out = as_user(qemfs.as_ref(), &["unmount".as_ref(), p.mnt.as_os_str()]);
     assert!(out.status.success(), "unmount as {user}: {}", text(&out));
     assert!(!is_mounted(&p.mnt));
     assert!(!alive(pid), "the user's daemon has exited");

@@ -1236,19 +1236,11 @@ impl QemFile {
         if self.codec() == Codec::Float {
             return self.verify_logical().map(|_| ());
         }
-        const BATCH_BYTES: usize = 256 * 1024 * 1024;
         let blocks = &self.layout.blocks;
-        let mut i = 0;
-        while i < blocks.len() {
-            let mut j = i;
-            let mut bytes = 0usize;
-            while j < blocks.len() && (j == i || bytes + blocks[j].decoded_bytes <= BATCH_BYTES) {
-                bytes += blocks[j].decoded_bytes;
-                j += 1;
-            }
+        for batch in block_batches(blocks) {
             // Collected, so that the first bad block in file order is the
             // one reported.
-            let verdicts: Vec<Result<()>> = blocks[i..j]
+            let verdicts: Vec<Result<()>> = blocks[batch]
                 .par_iter()
                 .map(|info| {
                     if self.u16_blocks() {
@@ -1262,7 +1254,6 @@ impl QemFile {
                 })
                 .collect();
             verdicts.into_iter().collect::<Result<()>>()?;
-            i = j;
         }
         Ok(())
     }
@@ -1316,6 +1307,30 @@ fn group_tile_sums(
         }
     }
     out
+}
+
+/// Decoded bytes held at once by a whole-file pass (validation, the
+/// logical checksum): blocks are decoded in parallel a batch at a time.
+const BATCH_BYTES: usize = 256 * 1024 * 1024;
+
+/// Consecutive runs of `blocks` of at most [`BATCH_BYTES`] decoded (a
+/// larger block is a batch of its own), in file order.
+pub(crate) fn block_batches(
+    blocks: &[BlockInfo],
+) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+    let mut i = 0;
+    std::iter::from_fn(move || {
+        if i >= blocks.len() {
+            return None;
+        }
+        let start = i;
+        let mut bytes = 0usize;
+        while i < blocks.len() && (i == start || bytes + blocks[i].decoded_bytes <= BATCH_BYTES) {
+            bytes += blocks[i].decoded_bytes;
+            i += 1;
+        }
+        Some(start..i)
+    })
 }
 
 fn check_len(what: &'static str, got: usize, want: usize) -> Result<()> {

@@ -176,42 +176,9 @@ pub fn decode(
 mod tests {
     use super::*;
     use crate::qem::rans::encode;
+    use crate::qem::rans::tests::reference;
     use crate::qem::stream::{CONSTANT, LITERAL, SPARSE};
     use proptest::prelude::*;
-
-    /// The spec's §7.1 decoder, step by step with a linear symbol search
-    /// (independent of the slot tables the kernels use).
-    fn reference(table: usize, b: &[u8], m: usize) -> Option<Vec<u16>> {
-        use crate::qem::tables::{ESCAPE, FREQUENCIES, STATE_LOWER};
-        let freq = &FREQUENCIES[table];
-        let mut x = u32::from_le_bytes(b.get(..4)?.try_into().ok()?);
-        if !(STATE_LOWER..1 << 31).contains(&x) {
-            return None;
-        }
-        let mut i = 4;
-        let mut out = Vec::with_capacity(m);
-        for _ in 0..m {
-            let slot = x & 1023;
-            let (mut s, mut start) = (0usize, 0u32);
-            while start + u32::from(freq[s]) <= slot {
-                start += u32::from(freq[s]);
-                s += 1;
-            }
-            x = u32::from(freq[s]) * (x >> 10) + slot - start;
-            while x < STATE_LOWER {
-                x = (x << 8) | u32::from(*b.get(i)?);
-                i += 1;
-            }
-            if s == ESCAPE {
-                let w = b.get(i..i + 2)?;
-                out.push(u16::from_le_bytes([w[0], w[1]]));
-                i += 2;
-            } else {
-                out.push(s as u16);
-            }
-        }
-        (x == STATE_LOWER && i == b.len()).then_some(out)
-    }
 
     /// One stream: a selector kind, its values, and a damage.
     fn stream_case(m: usize) -> impl Strategy<Value = (u8, Vec<u16>, u8, u32, u8)> {
@@ -311,7 +278,7 @@ mod tests {
         for j in 0..count {
             let (sel, bytes) = table.stream(first + j);
             let col = if sel < RANS_TABLES {
-                reference(usize::from(sel), bytes, m)
+                reference(usize::from(sel), bytes, m).ok()
             } else {
                 let mut col = vec![0u16; m];
                 stream::decode(sel, bytes, &mut col).ok().map(|_| col)

@@ -23,9 +23,6 @@ use super::error::{QemError, Result};
 use super::file::QemFile;
 use super::header::Codec;
 
-/// Most decoded bytes [`QemFile::verify_logical`] holds at once.
-const BATCH_BYTES: usize = 256 * 1024 * 1024;
-
 impl QemFile {
     /// `logical_sha256` of a float file (other codecs have none).
     pub fn logical_expected(&self) -> Option<&str> {
@@ -73,22 +70,14 @@ impl QemFile {
         }
         let mut hasher = Sha256::new();
         let blocks = self.blocks();
-        let mut i = 0;
-        while i < blocks.len() {
-            let mut j = i;
-            let mut bytes = 0usize;
-            while j < blocks.len() && (j == i || bytes + blocks[j].decoded_bytes <= BATCH_BYTES) {
-                bytes += blocks[j].decoded_bytes;
-                j += 1;
-            }
-            let dense: Vec<Result<Vec<u8>>> = (i..j)
+        for batch in super::file::block_batches(blocks) {
+            let dense: Vec<Result<Vec<u8>>> = batch
                 .into_par_iter()
                 .map(|b| self.decode_block(b))
                 .collect();
             for d in dense {
                 hasher.update(d?);
             }
-            i = j;
         }
         self.record(hex(&hasher.finalize()))
     }

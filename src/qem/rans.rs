@@ -860,7 +860,7 @@ pub fn encode(table: usize, values: &[u16]) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     thread_local! {
@@ -1015,8 +1015,9 @@ mod tests {
     }
 
     /// The spec's decoder pseudo-code, literally (§7.1), with a linear
-    /// symbol search: the reference the fast paths are held to.
-    fn reference(table: usize, b: &[u8], m: usize) -> Result<Vec<u16>, ()> {
+    /// symbol search: the reference the fast paths (here and the lane
+    /// kernels of `frame_major`) are held to.
+    pub(crate) fn reference(table: usize, b: &[u8], m: usize) -> Result<Vec<u16>, ()> {
         if table >= TABLES || b.len() < 4 {
             return Err(());
         }

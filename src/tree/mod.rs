@@ -614,17 +614,7 @@ impl Tree {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
                 Ok(out)
             }
-            Node::Dir(d, origin) => Ok(d
-                .list()
-                .into_iter()
-                .map(|(name, e)| {
-                    let attr = match e {
-                        Entry::Dir(_) => Attr::dir(origin),
-                        Entry::File(f) => Attr::file(origin, f.size(), false),
-                    };
-                    (name, attr)
-                })
-                .collect()),
+            Node::Dir(..) => self.list_range(dir, 0..usize::MAX),
             Node::File(..) => Err(TreeError::NotADirectory(String::new())),
         }
     }
