@@ -178,9 +178,23 @@ pub struct ConvertArgs {
     /// invalid as zero (counts files; data.npy and plain exports keep them)
     #[arg(long)]
     pub masked: bool,
+    /// DECTRIS input: an overflow/defect marker (2^bit_depth - 1) in a pixel
+    /// the pixel_mask does not flag refuses the file, or (mask) makes every
+    /// pixel holding one invalid, the markers stored as 0, after a first pass
+    #[arg(long, value_enum, default_value = "refuse", value_name = "POLICY")]
+    pub dectris_markers: DectrisMarkers,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+/// What `qem convert` does with DECTRIS overflow/defect markers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DectrisMarkers {
+    /// exit 2, naming the first frame and pixel that holds one
+    Refuse,
+    /// mark the pixels that hold one invalid and store 0 there
+    Mask,
 }
 
 /// Chunk compression of `qem convert X.qem X.zarr`.

@@ -3,11 +3,11 @@
 
 use indicatif::ProgressBar;
 
-use qemfs::convert::{self, MetadataOptions, Monitor, Options, RawLayout, SourceDtype};
+use qemfs::convert::{self, Markers, MetadataOptions, Monitor, Options, RawLayout, SourceDtype};
 use qemfs::npy::DType;
 
 use crate::exit::{Failure, OK};
-use crate::qem_args::{ConvertArgs, RawDtype, ZarrCompression};
+use crate::qem_args::{ConvertArgs, DectrisMarkers, RawDtype, ZarrCompression};
 use qemfs::zarr::store::Compression;
 
 fn raw_dtype(d: RawDtype) -> DType {
@@ -79,6 +79,10 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
             ZarrCompression::None => Compression::None,
         },
         masked: args.masked,
+        dectris_markers: match args.dectris_markers {
+            DectrisMarkers::Refuse => Markers::Refuse,
+            DectrisMarkers::Mask => Markers::Mask,
+        },
     };
     let mut bar = Bar(None);
     let result = convert::convert(&args.input, &args.output, &options, &mut bar);
