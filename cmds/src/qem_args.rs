@@ -40,20 +40,55 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print codec, dtypes, shape, chunks, sizes, compression and calibration
+    #[command(after_help = "Examples:
+  qem show scan.qem
+  qem show --json scan.qem              # header and summary, for jq or Python")]
     Show(ShowArgs),
     /// Check files: decode everything, verify checksums and the spatial index
+    #[command(after_help = "Examples:
+  qem validate *.qem                    # exit 2 names the first bad file and why
+  qem validate --quick big.qem          # structure and body checksums, no decoding")]
     Validate(ValidateArgs),
     /// SHA-256 of the decoded array (or of the file bytes), like sha256sum
+    #[command(after_help = "Examples:
+  qem hash a.qem b.qem                  # equal hashes = same measurements
+  qem hash --file a.qem                 # the bytes, as sha256sum prints them")]
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
+    #[command(after_help = "Examples:
+  qem diff a.qem b.qem                  # exit 0 same, 1 different
+  qem diff --json a.qem b.qem")]
     Diff(DiffArgs),
     /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, Zarr, raw) to .qem, and .qem to .npy, .tiff or .zarr
+    #[command(after_help = "Examples:
+  qem convert scan.npy scan.qem --metadata calib.json
+  qem convert scan.npy scan.qem --voltage-kv 300 --scan-step 0.5nm --detector-sampling 0.8mrad
+  qem convert scan_master.h5 scan.qem --scan 256,256              # DECTRIS ARINA/EIGER
+  qem convert scan_master.h5 scan.qem --scan 256,256 --dectris-markers mask
+  qem convert default.mib scan.qem --scan 128,128                 # Merlin
+  qem convert acquisition.xml scan.qem                            # EMPAD (.xml + .raw)
+  qem convert stack.tif scan.qem --scan 64,64
+  qem convert data.h5:/experiment/datacube scan.qem
+  qem convert frames.raw scan.qem --shape 64,64,128,128 --dtype uint16
+  qem convert scan.qem scan.npy
+  qem convert scan.qem scan.tiff --masked                         # Fiji hyperstack
+  qem convert scan.qem scan.zarr && qem convert scan.zarr back.qem")]
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
+    #[command(after_help = "Examples:
+  qem ls scan.qem
+  qem ls scan.qem virtual")]
     Ls(LsArgs),
     /// Write one file of the virtual tree to stdout, byte for byte as mounted
+    #[command(after_help = "Examples:
+  qem cat scan.qem virtual/bf.npy > bf.npy
+  qem cat scan.qem frames/3/17.npy > frame.npy
+  qem cat scan.qem info.json")]
     Cat(CatArgs),
     /// Print a shell completion script
+    #[command(after_help = "Examples:
+  qem completions bash > /etc/bash_completion.d/qem
+  qem completions zsh > ~/.zfunc/_qem")]
     Completions(CompletionsArgs),
 }
 
