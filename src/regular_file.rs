@@ -59,6 +59,15 @@ pub fn open(path: &Path) -> io::Result<File> {
                 _ => e,
             })
         }
+        // `-` names standard input to most tools; when no file of that
+        // name exists, say why it is not read rather than "not found".
+        Err(e) if e.kind() == io::ErrorKind::NotFound && path == Path::new("-") => {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "standard input is not read here: this input is memory-mapped or \
+                 read more than once, so it must be a regular file; give its path",
+            ))
+        }
         Err(e) => return Err(e),
     };
     let meta = file.metadata()?;

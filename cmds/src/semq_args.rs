@@ -161,7 +161,7 @@ pub struct HashArgs {
     /// Print the content digest (ids and rows) instead of the state id
     #[arg(long)]
     pub content: bool,
-    /// Verify the `<hex>  <file>` lines of SUMS instead
+    /// Verify the `<hex>  <file>` lines of SUMS instead (- reads them from standard input)
     #[arg(long, value_name = "SUMS", conflicts_with = "files")]
     pub check: Option<PathBuf>,
 }

@@ -530,3 +530,21 @@ fn chunk_scans_out_of_range_is_refused_before_anything_is_read() {
     }
     assert!(!out.exists());
 }
+
+#[test]
+fn dash_as_a_mapped_input_is_refused_saying_why() {
+    let tmp = tempfile::tempdir().unwrap();
+    for args in [
+        &["show", "-"][..],
+        &["hash", "-"],
+        &["convert", "-", "out.qem"],
+    ] {
+        let assert = qem().current_dir(tmp.path()).args(args).assert().code(2);
+        let stderr = String::from_utf8_lossy(&assert.get_output().stderr).into_owned();
+        assert!(
+            stderr.starts_with("error: -: ") && stderr.contains("standard input is not read here"),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 0);
+}

@@ -269,6 +269,14 @@ fn hash_prints_and_checks_state_ids() {
         .arg(&sums)
         .assert()
         .code(2);
+    // `--check -` reads the list from standard input, as sha256sum -c - does.
+    semq()
+        .current_dir(&dir)
+        .args(["hash", "--check", "-"])
+        .write_stdin(format!("{state}  {file}\n"))
+        .assert()
+        .success()
+        .stdout(format!("{file}: OK\n"));
 }
 
 #[test]

@@ -68,11 +68,36 @@ fn print_hashes(files: &[PathBuf], content: bool) -> Result<u8, Failure> {
     Ok(status)
 }
 
+/// A list of digests from standard input (`--check -`, as `sha256sum -c -`).
+/// A list names files, so 64 MiB is far beyond any real one; past that the
+/// input is refused rather than held.
+fn read_stdin_list() -> std::io::Result<String> {
+    use std::io::Read;
+    const LIMIT: u64 = 64 << 20;
+    let mut bytes = Vec::new();
+    std::io::stdin()
+        .lock()
+        .take(LIMIT + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > LIMIT {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "standard input holds more than 64 MiB; not a list of digests",
+        ));
+    }
+    String::from_utf8(bytes)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+}
+
 /// Verifies `<hex>  <file>` lines as `sha256sum -c` does: `<file>: OK` or
 /// `<file>: FAILED` per line; exit 1 when a digest differs, 2 when a file
 /// cannot be read or the list is malformed.
 fn check(sums: &Path, content: bool) -> Result<u8, Failure> {
-    let text = qemfs::regular_file::read_to_string(sums).map_err(|e| Failure::file(sums, e))?;
+    let text = if sums == Path::new("-") {
+        read_stdin_list().map_err(|e| Failure::file(sums, e))?
+    } else {
+        qemfs::regular_file::read_to_string(sums).map_err(|e| Failure::file(sums, e))?
+    };
     let mut entries = Vec::new();
     for (n, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
