@@ -184,55 +184,73 @@ impl<'a> Reducer<'a> {
     /// `[Σ (row − cy)·I / Σ I, Σ (column − cx)·I / Σ I]` over the mask's
     /// valid pixels; NaN where the masked total is 0 or not finite.
     ///
-    /// The moments are sums of the mask's rows and columns as virtual
-    /// images (`Σ row·I = Σ_k k · S_k`, `S_k` the sum over the mask's row
-    /// `k`), so they come from the same planned sums as any detector on
-    /// every backend, exact for counts, and are combined in binary64
-    /// (float32 images of float sources are rounded back once).
+    /// The moments come from masked sums, like any virtual detector, on
+    /// every backend: `Σ row·I = Σ_b 2^b · S_b`, where `S_b` sums the mask's
+    /// pixels whose row has bit `b` set (and likewise for columns). That is
+    /// `1 + ⌈log2 rows⌉ + ⌈log2 columns⌉` sums in one request, so each
+    /// pixel of the mask is decoded once and whole tiles of the bit planes
+    /// (stripes 8 and 32 pixels wide) come from the spatial index. Counts
+    /// combine exactly in integers and are divided once in binary64; float
+    /// images (compensated float32 sums) combine in binary64 and are rounded
+    /// back to float32 once.
     pub fn masked_com(&self, mask: &PixelSet, center: [f64; 2]) -> Result<[Image; 2], ReduceError> {
-        let [_, columns] = self.detector();
+        let [rows, columns] = self.detector();
         let columns = columns.max(1);
-        let mut rows: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
-        let mut cols: std::collections::BTreeMap<usize, Vec<u32>> = Default::default();
-        for &p in mask.pixels() {
-            rows.entry(p as usize / columns).or_default().push(p);
-            cols.entry(p as usize % columns).or_default().push(p);
-        }
-        let row_index: Vec<usize> = rows.keys().copied().collect();
-        let col_index: Vec<usize> = cols.keys().copied().collect();
-        let sets: Vec<PixelSet> = rows
-            .into_values()
-            .chain(cols.into_values())
-            .map(PixelSet::new)
-            .collect();
+        let bits = |n: usize| (usize::BITS - n.saturating_sub(1).leading_zeros()) as usize;
+        let (row_bits, col_bits) = (bits(rows), bits(columns));
+        let plane = |coordinate: &dyn Fn(usize) -> usize, b: usize| {
+            PixelSet::new(
+                mask.pixels()
+                    .iter()
+                    .copied()
+                    .filter(|&p| coordinate(p as usize) >> b & 1 == 1)
+                    .collect(),
+            )
+        };
+        let mut sets = vec![mask.clone()];
+        sets.extend((0..row_bits).map(|b| plane(&|p| p / columns, b)));
+        sets.extend((0..col_bits).map(|b| plane(&|p| p % columns, b)));
         let images = self.images(&sets)?;
-        let (by_row, by_col) = images.split_at(row_index.len());
+        let (total, planes) = images
+            .split_first()
+            .ok_or_else(|| mismatch(self.accelerator))?;
+        let (by_row, by_col) = planes.split_at(row_bits);
         let n = self.file.frames();
-        let float = self.file.codec() == Codec::Float;
-        let com = |parts: &[Image], index: &[usize], origin: f64| -> Image {
-            let values = (0..n).map(|f| {
-                let (mut total, mut moment) = (0f64, 0f64);
-                for (image, &k) in parts.iter().zip(index) {
-                    let v = image.get(f).unwrap_or(f64::NAN);
-                    total += v;
-                    moment += k as f64 * v;
+        let com = |planes: &[Image], origin: f64| -> Image {
+            let at = |f: usize| -> f64 {
+                if let Image::U64(t) = total {
+                    let moment: Option<u128> =
+                        planes
+                            .iter()
+                            .enumerate()
+                            .try_fold(0u128, |m, (b, image)| match image {
+                                Image::U64(v) => Some(m + (u128::from(v[f]) << b)),
+                                _ => None,
+                            });
+                    return match moment {
+                        Some(_) if t[f] == 0 => f64::NAN,
+                        Some(m) => m as f64 / t[f] as f64 - origin,
+                        None => f64::NAN,
+                    };
                 }
-                if total == 0.0 || !total.is_finite() || !moment.is_finite() {
+                let t = total.get(f).unwrap_or(f64::NAN);
+                let m: f64 = planes
+                    .iter()
+                    .enumerate()
+                    .map(|(b, image)| (1u64 << b) as f64 * image.get(f).unwrap_or(f64::NAN))
+                    .sum();
+                if t == 0.0 || !t.is_finite() || !m.is_finite() {
                     f64::NAN
                 } else {
-                    moment / total - origin
+                    m / t - origin
                 }
-            });
-            if float {
-                Image::F32(values.map(|v| v as f32).collect())
-            } else {
-                Image::F64(values.collect())
+            };
+            match total {
+                Image::F32(_) => Image::F32((0..n).map(|f| at(f) as f32).collect()),
+                _ => Image::F64((0..n).map(at).collect()),
             }
         };
-        Ok([
-            com(by_row, &row_index, center[0]),
-            com(by_col, &col_index, center[1]),
-        ])
+        Ok([com(by_row, center[0]), com(by_col, center[1])])
     }
 
     fn images_at_once(&self, masks: &[PixelSet]) -> Result<Vec<Image>, ReduceError> {

@@ -56,6 +56,43 @@ def test_masked_centre_of_mass_and_point(acquisition):
     assert run("qem", "cat", qem, "virtual/point-24-0.npy", check=False).returncode != 0
 
 
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+def test_masked_centre_of_mass_on_a_detector_of_whole_tiles(tmp_path, dtype):
+    """A 70×72 detector and a disk of radius 30: the mask's bit planes hold
+    whole 8×8 and 32×32 tiles (their sums come from the spatial index for
+    counts), and rows and columns need 7 bits each."""
+    rng = np.random.default_rng(8)
+    sr, sc, dr, dc = 3, 4, 70, 72
+    rows, cols = np.indices((dr, dc), dtype=np.float64)
+    data = rng.poisson(50.0, size=(sr, sc, dr, dc)).astype(np.float64)
+    data[:, :, 40:, :20] += 900.0  # asymmetric, so the moments are not trivial
+    if dtype == np.float32:
+        data = data * 0.37 - 3.0  # negative values too
+    data = data.astype(dtype)
+    src = tmp_path / "wide.npy"
+    np.save(src, data)
+    qem = tmp_path / "wide.qem"
+    run("qem", "convert", src, qem)
+    cy, cx, r = 34.0, 36.5, 30.0
+    inside = np.hypot(rows - cy, cols - cx) <= r
+    d = data.astype(np.float64)
+    total = (d * inside).sum(axis=(2, 3))
+    want_row = (d * inside * (rows - cy)).sum(axis=(2, 3)) / total
+    want_col = (d * inside * (cols - cx)).sum(axis=(2, 3)) / total
+    for flags in backends(qem):
+        got_row = load(qem, "virtual/com-34-36.5-30_row.npy", *flags)
+        got_col = load(qem, "virtual/com-34-36.5-30_col.npy", *flags)
+        if dtype == np.uint16:
+            assert got_row.dtype == np.float64
+            np.testing.assert_allclose(got_row, want_row, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(got_col, want_col, rtol=0, atol=1e-12)
+        else:
+            # Compensated float32 sums, combined in binary64, rounded once.
+            assert got_row.dtype == np.float32
+            np.testing.assert_allclose(got_row, want_row, rtol=0, atol=1e-4)
+            np.testing.assert_allclose(got_col, want_col, rtol=0, atol=1e-4)
+
+
 def test_dpc_and_radial_profile(acquisition):
     qem, counts = acquisition
     dr, dc = counts.shape[2:]
