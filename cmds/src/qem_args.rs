@@ -47,7 +47,7 @@ pub enum Command {
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
     Diff(DiffArgs),
-    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, Zarr, raw) to .qem, and .qem to .npy, .tiff or .zarr
+    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, EMD, Zarr, raw) to .qem, and .qem to .npy, .tiff, .zarr, .emd or .raw
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
     Ls(LsArgs),
@@ -133,10 +133,11 @@ fn parse_shape(text: &str) -> Result<[u32; 4], String> {
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
     /// .npy, .qem, TIFF stack, EMPAD .xml (+ .raw), Merlin .mib (+ .hdr), DECTRIS
-    /// HDF5 master file, FILE.h5:/dataset, a Zarr store (folder) or raw binary
-    /// (with --shape and --dtype); recognised by content
+    /// HDF5 master file, EMD (py4DSTEM, NCEM), FILE.h5:/dataset, a Zarr store
+    /// (folder) or raw binary (with --shape and --dtype); recognised by content
     pub input: PathBuf,
-    /// .qem, .npy, .tiff or .zarr (a Zarr v3 store)
+    /// .qem, .npy, .tiff, .zarr (a Zarr v3 store), .emd / .h5 / .hdf5 (EMD 1.0,
+    /// py4DSTEM's DataCube layout) or .raw (headerless; its shape and dtype are printed)
     pub output: PathBuf,
     /// JSON merged into the scientific metadata (calibration, voltage, ...)
     #[arg(long, value_name = "JSON")]
@@ -174,13 +175,26 @@ pub struct ConvertArgs {
     /// Compression of a written .zarr store's chunks
     #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
     pub zarr_compression: ZarrCompression,
-    /// .npy and .tiff outputs: write the pixels the validity mask marks
-    /// invalid as zero (counts files; data.npy and plain exports keep them)
+    /// Compression of a written .emd / .h5 file's chunks (standard HDF5
+    /// filters every reader has)
+    #[arg(long, value_enum, default_value = "none", value_name = "CODEC")]
+    pub hdf5_compression: Hdf5Compression,
+    /// Exports (.npy, .tiff, .emd, .raw): write the pixels the validity mask
+    /// marks invalid as zero (counts files; data.npy and plain exports keep them)
     #[arg(long)]
     pub masked: bool,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+/// Chunk compression of `qem convert X.qem X.emd` (or .h5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hdf5Compression {
+    /// uncompressed chunks
+    None,
+    /// byte shuffle, then deflate (gzip) level 4
+    Gzip,
 }
 
 /// Chunk compression of `qem convert X.qem X.zarr`.
