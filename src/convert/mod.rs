@@ -226,6 +226,11 @@ pub fn convert(
         ));
     }
     let mut source = open_source(input, sink_format, options, monitor)?;
+    if sink_format == SinkFormat::Tiff {
+        if let Some(message) = tiff_scan_steps_warning(source.description()) {
+            monitor.warn(&message);
+        }
+    }
     let mut sink = open_sink(output, sink_format, source.description(), options)?;
     if options.masked {
         let Some(valid) = source.description().valid() else {
@@ -246,6 +251,24 @@ pub fn convert(
     Ok(Converted {
         note: (sink_format == SinkFormat::Raw)
             .then(|| raw::raw_layout_note(output, d.shape, d.element)),
+    })
+}
+
+/// TIFF has no second stack axis for the scan: ImageJ keeps the row step
+/// as its frame interval, which Fiji and tifffile read, but rosettasciio
+/// (hyperspy) gives both scan axes the column step. EMD carries both.
+fn tiff_scan_steps_warning(d: &Description) -> Option<String> {
+    let metadata = crate::qem::ScientificMetadata::parse(&d.scientific_metadata, &d.shape).ok()?;
+    let (row, column) = (
+        metadata.effective_axis_sampling(0)?,
+        metadata.effective_axis_sampling(1)?,
+    );
+    let same = row.value == column.value && row.unit == column.unit;
+    (!same).then(|| {
+        format!(
+            "the scan steps differ ({} {} per row, {} {} per column): hyperspy's TIFF reader gives both scan axes the column step; convert to .emd for hyperspy and py4DSTEM",
+            row.value, row.unit, column.value, column.unit
+        )
     })
 }
 

@@ -113,11 +113,19 @@ impl super::Sink for RawSink {
 /// file itself says neither.
 pub fn raw_layout_note(path: &Path, shape: [u64; 4], element: super::Element) -> String {
     let dims = shape.map(|n| n.to_string()).join(",");
+    let shown = path.display().to_string();
+    // Quoted for the shell when it needs it, so the line can be pasted.
+    let quoted = if shown
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%".contains(c))
+    {
+        shown.clone()
+    } else {
+        format!("'{}'", shown.replace('\'', "'\\''"))
+    };
     format!(
-        "{}: shape {dims} (scan_row, scan_column, detector_row, detector_column), dtype {}, little-endian, C order, no header\nread it back with: qem convert {} OUT.qem --shape {dims} --dtype {}",
-        path.display(),
+        "{shown}: shape {dims} (scan_row, scan_column, detector_row, detector_column), dtype {}, little-endian, C order, no header\nread it back with: qem convert {quoted} OUT.qem --shape {dims} --dtype {}",
         element.name(),
-        path.display(),
         element.name(),
     )
 }
