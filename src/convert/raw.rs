@@ -129,3 +129,33 @@ pub fn raw_layout_note(path: &Path, shape: [u64; 4], element: super::Element) ->
         element.name(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_note_names_the_layout_and_a_command_that_pastes() {
+        let note = raw_layout_note(
+            Path::new("/d/a b's.raw"),
+            [2, 3, 4, 5],
+            super::super::Element::F32,
+        );
+        let lines: Vec<&str> = note.lines().collect();
+        assert!(
+            lines[0].starts_with("/d/a b's.raw: shape 2,3,4,5 "),
+            "{note}"
+        );
+        assert!(lines[0].contains("dtype float32, little-endian, C order"));
+        assert_eq!(
+            lines[1],
+            "read it back with: qem convert '/d/a b'\\''s.raw' OUT.qem --shape 2,3,4,5 --dtype float32"
+        );
+        let plain = raw_layout_note(
+            Path::new("x/y.raw"),
+            [1, 1, 1, 1],
+            super::super::Element::U8,
+        );
+        assert!(plain.ends_with("qem convert x/y.raw OUT.qem --shape 1,1,1,1 --dtype uint8"));
+    }
+}

@@ -224,6 +224,16 @@ def test_several_4d_arrays_must_be_named(tmp_path):
     run("qem", "convert", f"{path}:/root/b/data", tmp_path / "x.qem")
 
 
+def test_a_plain_hdf5_file_needs_its_dataset_named(tmp_path):
+    path = tmp_path / "plain.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("scans/cube", data=np.arange(24, dtype=np.uint8).reshape(1, 2, 3, 4))
+    out = run("qem", "convert", path, tmp_path / "x.qem", check=False)
+    assert out.returncode == 2
+    assert str(path) in out.stderr.decode() and "FILE:/path" in out.stderr.decode()
+    run("qem", "convert", f"{path}:/scans/cube", tmp_path / "x.qem")
+
+
 def test_masked_emd_zeroes_the_invalid_pixels(examples, tmp_path):
     src = examples / "scan-u16.qem"
     out = tmp_path / "masked.emd"
@@ -301,3 +311,34 @@ def test_py4dstem_reads_a_calibrated_datacube(examples, tmp_path):
     assert seen["dim_units"] == ["A", "A", "mrad", "mrad"]
     assert seen["mask_invalid"] == 2
     np.testing.assert_array_equal(np.load(tmp_path / "p4.npy"), qem_array(src, tmp_path))
+
+
+WRITE = """
+import sys, warnings
+import numpy as np
+import py4DSTEM
+warnings.simplefilter("ignore")
+a = np.load(sys.argv[2])
+d = py4DSTEM.DataCube(a)
+d.calibration.set_R_pixel_size(1.25)
+d.calibration.set_R_pixel_units("nm")
+d.calibration.set_Q_pixel_size(0.015)
+d.calibration.set_Q_pixel_units("A^-1")
+py4DSTEM.save(sys.argv[1], d, mode="o")
+"""
+
+
+def test_a_file_py4dstem_saved_converts_with_its_calibration(tmp_path):
+    python = py4dstem_python()
+    a = np.random.default_rng(5).integers(0, 60000, size=(3, 4, 5, 6)).astype(np.uint16)
+    np.save(tmp_path / "a.npy", a)
+    path = tmp_path / "saved.h5"
+    subprocess.run([python, "-c", WRITE, str(path), str(tmp_path / "a.npy")], check=True, capture_output=True)
+    out = tmp_path / "saved.qem"
+    run("qem", "convert", path, out)
+    run("qem", "convert", out, tmp_path / "back.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "back.npy"), a)
+    header = json.loads(run("qem", "show", "--json", out).stdout)["header"]
+    axes = header["scientific_metadata"]["axes"]
+    assert [x["sampling"]["value"] for x in axes] == pytest.approx([12.5, 12.5, 0.015, 0.015])
+    assert [x["sampling"]["unit"] for x in axes] == ["angstrom", "angstrom", "1/angstrom", "1/angstrom"]
