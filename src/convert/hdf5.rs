@@ -100,15 +100,22 @@ impl EmdGroup {
 const EMD_DEPTH: usize = 4;
 
 /// The 4-D array of an EMD file (`/root/datacube/data`), or `None` when
-/// the file is not EMD. An EMD file with no 4-D array, or with several
+/// the file is not EMD (its root has neither `emd_group_type = "file"` nor
+/// `version_major`). An EMD file with no 4-D array, or with several
 /// that are not told apart by py4DSTEM's `DataCube` class, is refused
 /// with the candidates named.
 pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
     crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
     let file = h5::File::open(path)
         .map_err(|e| ConvertError::input(path, format!("not a readable HDF5 file: {e}")))?;
+    // EMD 1.0 marks the file; NCEM's files carry the version at the root.
+    // Anything else (a DECTRIS master file with thousands of external
+    // links) is not searched at all.
     let emd_file = string_attr(&file, "emd_group_type").as_deref() == Some("file")
         || file.attr("version_major").is_ok();
+    if !emd_file {
+        return Ok(None);
+    }
     // (dataset path, is a py4DSTEM DataCube)
     let mut found: Vec<(String, bool)> = Vec::new();
     let top = file
@@ -131,14 +138,10 @@ pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
         }
     }
     if found.is_empty() {
-        return if emd_file {
-            Err(ConvertError::input(
-                path,
-                "an EMD file without a 4-D array; name a dataset as FILE:/path",
-            ))
-        } else {
-            Ok(None)
-        };
+        return Err(ConvertError::input(
+            path,
+            "an EMD file without a 4-D array; name a dataset as FILE:/path",
+        ));
     }
     found.sort();
     if found.len() > 1 && found.iter().filter(|(_, cube)| *cube).count() == 1 {

@@ -232,6 +232,16 @@ def test_a_plain_hdf5_file_needs_its_dataset_named(tmp_path):
     assert out.returncode == 2
     assert str(path) in out.stderr.decode() and "FILE:/path" in out.stderr.decode()
     run("qem", "convert", f"{path}:/scans/cube", tmp_path / "x.qem")
+    # An EMD file whose arrays are all 2-D says so.
+    emd = tmp_path / "images.emd"
+    with h5py.File(emd, "w") as f:
+        f.attrs.update({"emd_group_type": "file", "version_major": 1, "version_minor": 0})
+        g = f.create_group("root/image")
+        g.attrs.update({"emd_group_type": "array", "python_class": "Array"})
+        g.create_dataset("data", data=np.zeros((3, 4)))
+    out = run("qem", "convert", emd, tmp_path / "y.qem", check=False)
+    assert out.returncode == 2 and "without a 4-D array" in out.stderr.decode()
+    assert not (tmp_path / "y.qem").exists()
 
 
 def test_masked_emd_zeroes_the_invalid_pixels(examples, tmp_path):
