@@ -315,12 +315,12 @@ impl EmdSink {
         }
     }
 
-    /// Writes frames `first..end` (one band) from the front of `pending`.
-    fn write_band(&mut self, first: u64, end: u64) -> Result<(), ConvertError> {
+    /// Writes frames `first..end` (one band) from `pending[at..]`.
+    fn write_band(&self, at: usize, first: u64, end: u64) -> Result<(), ConvertError> {
         use ndarray::{s, ArrayView4};
         let [_, columns, h, w] = self.shape.map(|n| n as usize);
         let (first, end) = (first as usize, end as usize);
-        let bytes = &self.pending[..(end - first) * self.frame_bytes];
+        let bytes = &self.pending[at..at + (end - first) * self.frame_bytes];
         let (row, column) = (first / columns, first % columns);
         // A band is whole rows, or one run inside a row.
         let (shape, selection) = if self.chunk[0] > 1 {
@@ -360,21 +360,20 @@ impl Sink for EmdSink {
     fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
         self.pending.extend_from_slice(window);
         let total = self.shape[0] * self.shape[1];
-        loop {
+        // Bytes of `pending` written so far; dropped once, at the end.
+        let mut at = 0;
+        while self.pending_first < total {
             let first = self.pending_first;
-            if first >= total {
-                break;
-            }
             let end = self.band_end(first);
-            let have = (self.pending.len() / self.frame_bytes.max(1)) as u64;
+            let have = ((self.pending.len() - at) / self.frame_bytes.max(1)) as u64;
             if have < end - first {
                 break;
             }
-            self.write_band(first, end)?;
-            self.pending
-                .drain(..(end - first) as usize * self.frame_bytes);
+            self.write_band(at, first, end)?;
+            at += (end - first) as usize * self.frame_bytes;
             self.pending_first = end;
         }
+        self.pending.drain(..at);
         Ok(())
     }
 
