@@ -128,6 +128,19 @@ def test_float_and_scaled_files_export_float32_values(examples, tmp_path):
             np.testing.assert_array_equal(data[()], qem_array(src, tmp_path))
 
 
+def test_any_source_converts_to_emd(tmp_path):
+    a = np.random.default_rng(9).integers(0, 256, size=(6, 3, 2, 4)).astype(np.uint8)
+    np.save(tmp_path / "a.npy", a)
+    run("qem", "convert", tmp_path / "a.npy", tmp_path / "a.emd", "--scan-step", "2nm")
+    with h5py.File(tmp_path / "a.emd", "r") as f:
+        data = f["datacube_root/datacube/data"]
+        assert data.dtype == np.uint8
+        np.testing.assert_array_equal(data[()], a)
+        assert f["datacube_root/metadatabundle/calibration/R_pixel_size"][()] == pytest.approx(20.0)
+        assert text(f["datacube_root/metadatabundle/calibration/Q_pixel_units"][()]) == "pixels"
+        assert "valid_mask" not in f["datacube_root/metadatabundle/qem"]
+
+
 def test_gzip_compression_is_the_standard_filter(examples, tmp_path):
     src = examples / "scan-u16.qem"
     plain, packed = tmp_path / "plain.emd", tmp_path / "packed.hdf5"
