@@ -10,6 +10,7 @@ pub mod export;
 pub mod mapguard;
 pub mod npy;
 pub mod publish;
+pub mod python_json;
 pub mod qem;
 pub mod reduce;
 pub mod regular_file;

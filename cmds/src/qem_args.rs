@@ -40,20 +40,58 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print codec, dtypes, shape, chunks, sizes, compression and calibration
+    #[command(after_help = "Examples:
+  qem show scan.qem
+  qem show --json scan.qem              # header and summary, for jq or Python")]
     Show(ShowArgs),
     /// Check files: decode everything, verify checksums and the spatial index
+    #[command(after_help = "Examples:
+  qem validate *.qem                    # exit 2 names the first bad file and why
+  qem validate --quick big.qem          # structure and body checksums, no decoding")]
     Validate(ValidateArgs),
     /// SHA-256 of the decoded array (or of the file bytes), like sha256sum
+    #[command(after_help = "Examples:
+  qem hash a.qem b.qem                  # equal hashes = same measurements
+  qem hash --file a.qem                 # the bytes, as sha256sum prints them")]
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
+    #[command(after_help = "Examples:
+  qem diff a.qem b.qem                  # exit 0 same, 1 different
+  qem diff --json a.qem b.qem")]
     Diff(DiffArgs),
     /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, EMD, Zarr, raw) to .qem, and .qem to .npy, .tiff, .zarr, .emd or .raw
+    #[command(after_help = "Examples:
+  qem convert scan.npy scan.qem --metadata calib.json
+  qem convert scan.npy scan.qem --voltage-kv 300 --scan-step 0.5nm --detector-sampling 0.8mrad
+  qem convert scan_master.h5 scan.qem --scan 256,256              # DECTRIS ARINA/EIGER
+  qem convert scan_master.h5 scan.qem --scan 256,256 --dectris-markers mask
+  qem convert default.mib scan.qem --scan 128,128                 # Merlin
+  qem convert acquisition.xml scan.qem                            # EMPAD (.xml + .raw)
+  qem convert stack.tif scan.qem --scan 64,64
+  qem convert data.h5:/experiment/datacube scan.qem
+  qem convert frames.raw scan.qem --shape 64,64,128,128 --dtype uint16
+  qem convert scan.qem scan.npy
+  qem convert scan.qem scan.tiff --masked                         # Fiji hyperstack
+  qem convert scan.qem scan.zarr && qem convert scan.zarr back.qem
+  qem convert scan.qem scan.emd --hdf5-compression gzip          # py4DSTEM DataCube, hyperspy
+  qem convert scan.emd back.qem                                   # EMD: no dataset path needed
+  qem convert scan.qem scan.raw                                   # prints its --shape and --dtype")]
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
+    #[command(after_help = "Examples:
+  qem ls scan.qem
+  qem ls scan.qem virtual")]
     Ls(LsArgs),
     /// Write one file of the virtual tree to stdout, byte for byte as mounted
+    #[command(after_help = "Examples:
+  qem cat scan.qem virtual/bf.npy > bf.npy
+  qem cat scan.qem frames/3/17.npy > frame.npy
+  qem cat scan.qem info.json")]
     Cat(CatArgs),
     /// Print a shell completion script
+    #[command(after_help = "Examples:
+  qem completions bash > /etc/bash_completion.d/qem
+  qem completions zsh > ~/.zfunc/_qem")]
     Completions(CompletionsArgs),
 }
 
@@ -183,6 +221,11 @@ pub struct ConvertArgs {
     /// marks invalid as zero (counts files; data.npy and plain exports keep them)
     #[arg(long)]
     pub masked: bool,
+    /// DECTRIS input: an overflow/defect marker (2^bit_depth - 1) in a pixel
+    /// the pixel_mask does not flag refuses the file, or (mask) makes every
+    /// pixel holding one invalid, the markers stored as 0, after a first pass
+    #[arg(long, value_enum, default_value = "refuse", value_name = "POLICY")]
+    pub dectris_markers: DectrisMarkers,
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
@@ -195,6 +238,15 @@ pub enum Hdf5Compression {
     None,
     /// byte shuffle, then deflate (gzip) level 4
     Gzip,
+}
+
+/// What `qem convert` does with DECTRIS overflow/defect markers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DectrisMarkers {
+    /// exit 2, naming the first frame and pixel that holds one
+    Refuse,
+    /// mark the pixels that hold one invalid and store 0 there
+    Mask,
 }
 
 /// Chunk compression of `qem convert X.qem X.zarr`.

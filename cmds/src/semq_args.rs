@@ -36,24 +36,54 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Print a file's config, digests, manifest and ids
+    #[command(after_help = "Examples:
+  semq show model.semq --limit 5
+  semq show --json model.semq           # every id, whatever --limit says")]
     Show(ShowArgs),
     /// Compare a reference with a candidate; gate it against a floor
+    #[command(after_help = "Examples:
+  semq diff old.semq new.semq --json
+  semq diff old.semq new.semq --floor floor.json     # exit 1 when the rebuild drifted
+  semq diff old.semq new.semq --floor floor.json --per-row")]
     Diff(DiffArgs),
     /// Measure a floor from null rebuilds of the reference (prints JSON)
+    #[command(after_help = "Examples:
+  semq floor old.semq null1.semq null2.semq null3.semq > floor.json
+  semq floor old.semq null*.semq --per-row > floor.json")]
     Floor(FloorArgs),
     /// Print version and build information
+    #[command(after_help = "Examples:
+  semq version
+  semq version --json")]
     Version(VersionArgs),
     /// Check files completely (framing, sizes, ids, manifest, digests, rows)
+    #[command(after_help = "Examples:
+  semq validate *.semq")]
     Validate(ValidateArgs),
     /// Print state ids (or content digests) like sha256sum; verify a list
+    #[command(after_help = "Examples:
+  semq hash *.semq > SUMS && semq hash --check SUMS
+  semq hash --content model.semq        # ids and rows only, not the config")]
     Hash(HashArgs),
     /// Encode float32 vectors into a new .semq file
+    #[command(after_help = "Examples:
+  semq encode --op quant --dim 384 --bins 4 --vectors v.npy --ids ids.txt out.semq
+  semq encode --op phase --dim 384 --sectors 8 --vectors v.f32 --ids ids.npy out.semq
+  semq encode --op orbit --dim 384 --vectors v.npy --ids ids.json --manifest model=e5 out.semq")]
     Encode(EncodeArgs),
     /// Export rows as .npy (symbols or vectors), .jsonl or packed .bin
+    #[command(after_help = "Examples:
+  semq convert model.semq symbols.npy
+  semq convert model.semq vectors.npy --what vectors
+  semq convert model.semq rows.jsonl")]
     Convert(ConvertArgs),
     /// Join files with disjoint ids into one
+    #[command(after_help = "Examples:
+  semq concat all.semq part1.semq part2.semq part3.semq")]
     Concat(ConcatArgs),
     /// Print a shell completion script
+    #[command(after_help = "Examples:
+  semq completions bash > /etc/bash_completion.d/semq")]
     Completions(CompletionsArgs),
 }
 

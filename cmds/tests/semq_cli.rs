@@ -67,12 +67,21 @@ fn encode_reproduces_every_conformance_case() {
             None => {
                 let stderr = text(&output.stderr);
                 let class = expect["error"].as_str().unwrap();
+                let message = expect["message"].as_str().unwrap();
+                // `error: FILE: reason`, naming the input the error is about.
+                let blamed = if message == "duplicate id" {
+                    case["ids"].as_str().unwrap().to_string()
+                } else if !expect["row"].is_null() {
+                    case["vectors"].as_str().unwrap().to_string()
+                } else {
+                    manifest.display().to_string()
+                };
                 let ok = output.status.code() == Some(2)
-                    && stderr.contains(class)
-                    && stderr.contains(expect["message"].as_str().unwrap())
+                    && stderr.starts_with(&format!("error: {blamed}: {class}"))
+                    && stderr.contains(message)
                     && !out.exists();
                 if !ok {
-                    failures.push(format!("{id}: expected {class}, got {stderr:?}"));
+                    failures.push(format!("{id}: expected {blamed}: {class}, got {stderr:?}"));
                 }
             }
         }
@@ -156,6 +165,30 @@ fn outputs_are_never_replaced_without_force() {
     );
     let names: Vec<_> = fs::read_dir(tmp.path()).unwrap().collect();
     assert_eq!(names.len(), 1, "no temporary files left behind");
+}
+
+#[test]
+fn concat_errors_name_the_offending_part() {
+    let dir = fixtures();
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("joined.semq");
+    for (second, reason) in [
+        ("concat/other-config.semq", "parts have different configs"),
+        ("concat/other-kind.semq", "parts have different id kinds"),
+        ("concat/part-1.semq", "parts share an id (row 0)"),
+    ] {
+        let assert = semq()
+            .current_dir(&dir)
+            .arg("concat")
+            .arg(&out)
+            .args(["concat/part-1.semq", second])
+            .assert()
+            .code(2);
+        let stderr = text(&assert.get_output().stderr);
+        let want = format!("error: {second}: {reason}");
+        assert!(stderr.starts_with(&want), "{stderr:?}, want {want:?}");
+        assert!(!out.exists());
+    }
 }
 
 #[test]

@@ -13,10 +13,16 @@
 //! and `detector_distance` (m), in DECTRIS's NeXus units, go into
 //! `source_metadata` with those units; pixel size over distance gives the
 //! detector sampling in mrad. uint32 counts are stored as uint16 only when
-//! each fits; DECTRIS's overflow and defect markers (the dtype's largest
-//! values) do not, so such a file is refused naming the frame and pixel
-//! unless the defective pixels are masked (marker values in pixels the
-//! `pixel_mask` flags are stored as 0, recorded in `processing`).
+//! each fits, otherwise the file is refused naming the frame and pixel.
+//!
+//! DECTRIS writes `2^bit_depth_image - 1` (the dtype's largest value when the
+//! depth is not given) where a pixel overflowed or is defective. That value
+//! is never stored as a count: in pixels the `pixel_mask` flags it becomes 0;
+//! in any other pixel the file is refused, naming the frame and pixel, unless
+//! `--dectris-markers mask` ([`Markers::Mask`]) is given, which finds every
+//! pixel holding a marker in a first pass and marks it invalid; the markers
+//! there are stored as 0 and the pixel's other counts kept, as the format
+//! keeps every invalid pixel's counts. Both are recorded in `processing`.
 
 use std::path::{Path, PathBuf};
 
@@ -27,7 +33,8 @@ use serde_json::{json, Map};
 use super::bitshuffle::{bitshuffle_lz4, hdf5_lz4};
 use super::describe::foreign;
 use super::element::Element;
-use super::{ConvertError, Description, Options, Source};
+use super::hdf5::library_error;
+use super::{ConvertError, Description, Markers, Options, Source};
 use crate::npy::DType;
 use crate::qem::write::{Calibration, Content, DetectorUnit};
 
@@ -55,12 +62,28 @@ struct Part {
 
 pub struct DectrisSource {
     description: Description,
+    chunks: Chunks,
+    narrowing: Narrowing,
+}
+
+/// From the detector's values to stored counts.
+struct Narrowing {
+    path: PathBuf,
+    dtype: DType,
+    columns: usize,
+    /// The overflow/defect marker of the image's bit depth.
+    marker: u32,
+    /// Invalid pixels: the `pixel_mask`'s, and with `--dectris-markers
+    /// mask` every pixel that holds a marker. Markers there are stored as 0.
+    invalid: Option<Vec<bool>>,
+}
+
+/// The linked data, read a chunk at a time.
+struct Chunks {
     path: PathBuf,
     parts: Vec<Part>,
     dtype: DType,
     pixels: usize,
-    /// Pixels the mask flags (marker values there are stored as 0).
-    masked: Option<Vec<bool>>,
     /// The decoded chunk: (part, first frame in part, frames) and its bytes.
     cached: Option<(usize, u64, u64)>,
     chunk: Vec<u8>,
@@ -68,7 +91,7 @@ pub struct DectrisSource {
 }
 
 fn h5err(path: &Path, what: &str, e: h5::Error) -> ConvertError {
-    ConvertError::input(path, format!("{what}: {e}"))
+    ConvertError::input(path, format!("{what}: {}", library_error(&e)))
 }
 
 fn scalar_f64(file: &h5::File, name: &str) -> Option<f64> {
@@ -90,6 +113,90 @@ fn dtype_of(path: &Path, name: &str, ds: &h5::Dataset) -> Result<DType, ConvertE
             ))
         }
     })
+}
+
+/// Why `/entry/data/NAME` cannot be opened: the library's answer for an
+/// external link says only that the file did not open, so the linked file
+/// is looked at directly (missing, or the library's reason for it, e.g.
+/// "truncated file").
+fn unopenable(
+    path: &Path,
+    group: &h5::Group,
+    name: &str,
+    full: &str,
+    e: h5::Error,
+) -> ConvertError {
+    let Some(file) = linked_file(group, name) else {
+        return h5err(path, &format!("{full} cannot be opened"), e);
+    };
+    // The library looks for a relative name beside the master file.
+    let beside = path.parent().unwrap_or(Path::new(".")).join(&file);
+    let reason = if !beside.exists() {
+        format!("its linked data file {} is missing", beside.display())
+    } else {
+        match h5::File::open(&beside) {
+            Err(inner) => format!(
+                "its linked data file {} cannot be read: {}",
+                beside.display(),
+                library_error(&inner)
+            ),
+            Ok(_) => library_error(&e),
+        }
+    };
+    ConvertError::input(path, format!("{full} cannot be opened: {reason}"))
+}
+
+/// The file an external link names, or `None` for any other link.
+fn linked_file(group: &h5::Group, name: &str) -> Option<String> {
+    use hdf5_metno_sys::{h5l, h5p::H5P_DEFAULT};
+    let cname = std::ffi::CString::new(name).ok()?;
+    // A link value is a flags byte and two C strings; 4 KiB holds any
+    // path a DECTRIS master file writes, and a longer one fails to unpack.
+    let mut value = vec![0u8; 4096];
+    h5::sync::sync(|| unsafe {
+        if h5l::H5Lget_val(
+            group.id(),
+            cname.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+            H5P_DEFAULT,
+        ) < 0
+        {
+            return None;
+        }
+        let (mut flags, mut file, mut object) = (0u32, std::ptr::null(), std::ptr::null());
+        if h5l::H5Lunpack_elink_val(
+            value.as_ptr().cast(),
+            value.len(),
+            &mut flags,
+            &mut file,
+            &mut object,
+        ) < 0
+            || file.is_null()
+        {
+            return None;
+        }
+        Some(
+            std::ffi::CStr::from_ptr(file)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    })
+}
+
+const BIT_DEPTH_PATH: &str = "/entry/instrument/detector/bit_depth_image";
+
+/// DECTRIS writes `2^bit_depth_image - 1` where a pixel overflowed or is
+/// defective; without that dataset (or with a depth the dtype cannot hold)
+/// the dtype's largest value is the marker.
+fn marker_of(file: &h5::File, dtype: DType) -> u32 {
+    let bits = 8 * dtype.size() as u32;
+    match scalar_f64(file, BIT_DEPTH_PATH) {
+        Some(b) if b >= 1.0 && b <= f64::from(bits) && b.fract() == 0.0 => {
+            (((1u64) << b as u32) - 1) as u32
+        }
+        _ => (((1u64) << bits) - 1) as u32,
+    }
 }
 
 impl DectrisSource {
@@ -123,13 +230,9 @@ impl DectrisSource {
         let mut dims: Option<(DType, [u64; 2])> = None;
         for name in names {
             let full = format!("/entry/data/{name}");
-            let dataset = group.dataset(&name).map_err(|e| {
-                h5err(
-                    path,
-                    &format!("{full} cannot be opened (is its linked data file missing?)"),
-                    e,
-                )
-            })?;
+            let dataset = group
+                .dataset(&name)
+                .map_err(|e| unopenable(path, &group, &name, &full, e))?;
             let shape = dataset.shape();
             let [n, h, w] = shape[..] else {
                 return Err(ConvertError::input(
@@ -258,9 +361,22 @@ impl DectrisSource {
             )),
             _ => None,
         };
-        let wide = dtype == DType::U32;
+        let marker = marker_of(&file, dtype);
+        let mut chunks = Chunks {
+            path: path.to_path_buf(),
+            parts,
+            dtype,
+            pixels,
+            cached: None,
+            chunk: Vec::new(),
+            raw: Vec::new(),
+        };
+        let flagged = mask
+            .as_ref()
+            .map_or(0, |m| m.iter().filter(|&&bad| bad).count());
+        let mut invalid = mask;
         let mut processing = Vec::new();
-        if wide {
+        if dtype == DType::U32 {
             processing.push(json!({
                 "changes_measurements": false,
                 "operation": "exact_integer_narrowing",
@@ -268,10 +384,27 @@ impl DectrisSource {
                 "stored_dtype": "uint16",
             }));
         }
-        if wide && mask.as_ref().is_some_and(|m| m.iter().any(|&bad| bad)) {
+        if options.dectris_markers == Markers::Mask {
+            let found = chunks.pixels_holding(marker, frames)?;
+            let all = invalid.get_or_insert_with(|| vec![false; pixels]);
+            let added = found
+                .iter()
+                .zip(all.iter_mut())
+                .filter(|(&f, bad)| f && !**bad)
+                .map(|(_, bad)| *bad = true)
+                .count();
+            if added > 0 {
+                processing.push(json!({
+                    "changes_measurements": true,
+                    "description": format!("{added} pixels that hold the DECTRIS overflow/defect marker {marker} in some frame, but are not flagged by the pixel_mask, are marked invalid; the markers there are stored as 0, the pixels' other counts are kept (--dectris-markers mask)"),
+                    "operation": "marker_pixel_masking",
+                }));
+            }
+        }
+        if flagged > 0 {
             processing.push(json!({
                 "changes_measurements": false,
-                "description": "counts above uint16 (DECTRIS overflow/defect markers) in pixels the pixel_mask flags are stored as 0; those pixels are invalid",
+                "description": format!("the DECTRIS overflow/defect marker {marker} in pixels the pixel_mask flags is stored as 0; those pixels are invalid"),
                 "operation": "flagged_marker_zeroing",
             }));
         }
@@ -289,22 +422,123 @@ impl DectrisSource {
         };
         let shape = [scan[0], scan[1], rows, columns];
         let mut description = foreign(path, shape, element, &calibration, "dectris-hdf5", &[])?;
-        if let (Some(m), Content::Counts { valid, .. }) = (&mask, &mut description.content) {
-            if m.iter().any(|&bad| bad) {
-                *valid = Some(m.iter().map(|&bad| !bad).collect());
-            }
+        let invalid = invalid.filter(|m| m.iter().any(|&bad| bad));
+        if let (Some(m), Content::Counts { valid, .. }) = (&invalid, &mut description.content) {
+            *valid = Some(m.iter().map(|&bad| !bad).collect());
         }
         Ok(DectrisSource {
             description,
-            path: path.to_path_buf(),
-            parts,
-            dtype,
-            pixels,
-            masked: mask,
-            cached: None,
-            chunk: Vec::new(),
-            raw: Vec::new(),
+            chunks,
+            narrowing: Narrowing {
+                path: path.to_path_buf(),
+                dtype,
+                columns: columns as usize,
+                marker,
+                invalid,
+            },
         })
+    }
+}
+
+impl Narrowing {
+    /// Stores one frame of detector values as counts: markers in invalid
+    /// pixels become 0; markers elsewhere and counts above uint16 refuse.
+    fn store(&self, global: u64, frame: &[u8], out: &mut [u8]) -> Result<(), ConvertError> {
+        let columns = self.columns;
+        let refuse = |i: usize, v: u32| {
+            let why = if v == self.marker {
+                format!(
+                    "the DECTRIS overflow/defect marker {v} in a pixel the pixel_mask does not \
+                     flag; --dectris-markers mask marks such pixels invalid"
+                )
+            } else {
+                format!("counts {v}, more than uint16 holds")
+            };
+            ConvertError::input(
+                &self.path,
+                format!(
+                    "frame {global} pixel ({}, {}): {why}",
+                    i / columns,
+                    i % columns
+                ),
+            )
+        };
+        let invalid = |i: usize| self.invalid.as_ref().is_some_and(|m| m[i]);
+        let keep = |i: usize, v: u32| -> Result<u32, ConvertError> {
+            if v == self.marker {
+                return if invalid(i) { Ok(0) } else { Err(refuse(i, v)) };
+            }
+            Ok(v)
+        };
+        match self.dtype {
+            DType::U8 => {
+                for (i, (o, &s)) in out.iter_mut().zip(frame).enumerate() {
+                    *o = keep(i, u32::from(s))? as u8;
+                }
+            }
+            DType::U16 => {
+                for (i, (o, s)) in out
+                    .chunks_exact_mut(2)
+                    .zip(frame.chunks_exact(2))
+                    .enumerate()
+                {
+                    let v = keep(i, u32::from(u16::from_le_bytes([s[0], s[1]])))?;
+                    o.copy_from_slice(&(v as u16).to_le_bytes());
+                }
+            }
+            _ => {
+                for (i, (o, s)) in out
+                    .chunks_exact_mut(2)
+                    .zip(frame.chunks_exact(4))
+                    .enumerate()
+                {
+                    let v = keep(i, u32::from_le_bytes([s[0], s[1], s[2], s[3]]))?;
+                    let c = u16::try_from(v).map_err(|_| refuse(i, v))?;
+                    o.copy_from_slice(&c.to_le_bytes());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Chunks {
+    /// The frame `global` of the whole acquisition, as stored bytes.
+    fn frame(&mut self, global: u64) -> Result<&[u8], ConvertError> {
+        let (mut part, mut local) = (0, global);
+        while local >= self.parts[part].frames {
+            local -= self.parts[part].frames;
+            part += 1;
+        }
+        let hit =
+            matches!(self.cached, Some((p, f, n)) if p == part && (f..f + n).contains(&local));
+        if !hit {
+            self.load(part, local)?;
+        }
+        let (_, f, _) = self.cached.unwrap_or((0, 0, 0));
+        let src = self.pixels * self.dtype.size();
+        let at = (local - f) as usize * src;
+        Ok(&self.chunk[at..at + src])
+    }
+
+    /// Which pixels hold `marker` in any of the `frames` frames.
+    fn pixels_holding(&mut self, marker: u32, frames: u64) -> Result<Vec<bool>, ConvertError> {
+        let mut found = vec![false; self.pixels];
+        let elem = self.dtype.size();
+        for global in 0..frames {
+            let frame = self.frame(global)?;
+            for (f, s) in found.iter_mut().zip(frame.chunks_exact(elem)) {
+                let v = match *s {
+                    [a] => u32::from(a),
+                    [a, b] => u32::from(u16::from_le_bytes([a, b])),
+                    [a, b, c, d] => u32::from_le_bytes([a, b, c, d]),
+                    _ => 0,
+                };
+                *f |= v == marker;
+            }
+        }
+        self.cached = None;
+        Ok(found)
     }
 
     /// Decodes the chunk of `part` holding frame `frame` (of that part).
@@ -332,7 +566,7 @@ impl DectrisSource {
                                 ..,
                                 ..
                             ])
-                            .map_err(|e| what(e.to_string()))?;
+                            .map_err(|e| what(library_error(&e)))?;
                         self.chunk.extend(v.iter().flat_map(|x| x.to_le_bytes()));
                     }};
                 }
@@ -400,50 +634,6 @@ impl DectrisSource {
         self.cached = Some((part, first, frames));
         Ok(())
     }
-
-    fn store(&self, global: u64, frame: &[u8], out: &mut [u8]) -> Result<(), ConvertError> {
-        let columns = self.description.shape[3] as usize;
-        let marker = match self.dtype {
-            DType::U16 => u64::from(u16::MAX),
-            _ => u64::from(u32::MAX),
-        };
-        let too_wide = |i: usize, v: u64| {
-            ConvertError::input(
-                &self.path,
-                format!(
-                    "frame {global} pixel ({}, {}) counts {v}, more than uint16 holds{}",
-                    i / columns,
-                    i % columns,
-                    if v == marker {
-                        " (a DECTRIS overflow/defect marker in a pixel the pixel_mask does not flag)"
-                    } else {
-                        ""
-                    }
-                ),
-            )
-        };
-        let masked = |i: usize| self.masked.as_ref().is_some_and(|m| m[i]);
-        match self.dtype {
-            DType::U8 => out.copy_from_slice(frame),
-            DType::U16 => out.copy_from_slice(frame),
-            _ => {
-                for (i, (o, s)) in out
-                    .chunks_exact_mut(2)
-                    .zip(frame.chunks_exact(4))
-                    .enumerate()
-                {
-                    let v = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
-                    let c = match u16::try_from(v) {
-                        Ok(c) => c,
-                        Err(_) if masked(i) => 0,
-                        Err(_) => return Err(too_wide(i, u64::from(v))),
-                    };
-                    o.copy_from_slice(&c.to_le_bytes());
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 impl Source for DectrisSource {
@@ -457,25 +647,10 @@ impl Source for DectrisSource {
 
     fn read_frames(&mut self, first: u64, out: &mut [u8]) -> Result<(), ConvertError> {
         let stored = self.description.frame_bytes();
-        let src = self.pixels * self.dtype.size();
         for (k, o) in out.chunks_exact_mut(stored).enumerate() {
             let global = first + k as u64;
-            let (mut part, mut local) = (0, global);
-            while local >= self.parts[part].frames {
-                local -= self.parts[part].frames;
-                part += 1;
-            }
-            let hit =
-                matches!(self.cached, Some((p, f, n)) if p == part && (f..f + n).contains(&local));
-            if !hit {
-                self.load(part, local)?;
-            }
-            let (_, f, _) = self.cached.unwrap_or((0, 0, 0));
-            let at = (local - f) as usize * src;
-            let frame = std::mem::take(&mut self.chunk);
-            let result = self.store(global, &frame[at..at + src], o);
-            self.chunk = frame;
-            result?;
+            let frame = self.chunks.frame(global)?;
+            self.narrowing.store(global, frame, o)?;
         }
         Ok(())
     }

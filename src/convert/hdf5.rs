@@ -237,9 +237,32 @@ pub struct Hdf5Source {
     bytes: Vec<u8>,
 }
 
+/// The library's whole error stack, outermost first. Its one-line `Display`
+/// keeps only the outermost and innermost frames, which drops the reason in
+/// between (an external link's file is "truncated", say).
+pub(super) fn library_error(e: &h5::Error) -> String {
+    let h5::Error::HDF5(stack) = e else {
+        return e.to_string();
+    };
+    match stack.clone().expand() {
+        Ok(frames) if !frames.is_empty() => {
+            let mut descs: Vec<&str> = Vec::new();
+            for f in frames.iter() {
+                if !descs.contains(&f.desc()) {
+                    descs.push(f.desc());
+                }
+            }
+            format!("{}(): {}", frames[0].func(), descs.join(": "))
+        }
+        _ => e.to_string(),
+    }
+}
+
 impl Hdf5Source {
     pub fn open(path: &Path, name: &str, options: &Options) -> Result<Hdf5Source, ConvertError> {
-        let err = |what: &str, e: h5::Error| ConvertError::input(path, format!("{what}: {e}"));
+        let err = |what: &str, e: h5::Error| {
+            ConvertError::input(path, format!("{what}: {}", library_error(&e)))
+        };
         // HDF5 opens the file itself; check first that it is one.
         crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let file = h5::File::open(path).map_err(|e| err("not a readable HDF5 file", e))?;
@@ -321,7 +344,12 @@ impl Hdf5Source {
         let fail = |e: h5::Error| {
             ConvertError::input(
                 &self.path,
-                format!("{} frames {first}..{}: {e}", self.name, first + n),
+                format!(
+                    "{} frames {first}..{}: {}",
+                    self.name,
+                    first + n,
+                    library_error(&e)
+                ),
             )
         };
         self.bytes.clear();

@@ -164,6 +164,24 @@ pub struct Options {
     /// Exports (`.npy`, `.tiff`, `.emd`, `.raw`): write the pixels the
     /// validity mask marks invalid as zero.
     pub masked: bool,
+    /// DECTRIS HDF5 input: what an overflow/defect marker in a pixel the
+    /// detector's `pixel_mask` does not flag means.
+    pub dectris_markers: Markers,
+}
+
+/// DECTRIS marks overflowed and defective pixels with the largest value of
+/// the image's bit depth. Such a value is not a count, so it is never stored
+/// as one: in a pixel the `pixel_mask` flags it becomes 0 either way; in any
+/// other pixel the user chooses.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Markers {
+    /// Refuse the file, naming the first frame and pixel holding a marker.
+    #[default]
+    Refuse,
+    /// Find every pixel that holds a marker in any frame first (one extra
+    /// pass over the input) and mark it invalid; the markers become 0, the
+    /// pixel's other counts are kept.
+    Mask,
 }
 
 /// What a finished conversion tells the user.

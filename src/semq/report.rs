@@ -14,27 +14,12 @@ use super::encoding::Encoding;
 use super::floor::{Floor, Verdict};
 use super::identity::to_hex;
 use super::ids::{Id, IdRef};
+use crate::python_json::{push_string, Escape, Separators};
 
 /// Appends `s` as a JSON string the way Python's encoder does with
 /// `ensure_ascii=False`.
 pub fn push_json_string(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
+    push_string(out, s, Escape::Unicode);
 }
 
 fn push_id(out: &mut String, id: IdRef<'_>) {
@@ -63,10 +48,11 @@ fn push_list<T>(
 }
 
 /// `{"operator": ..., "dim": ..., "<param>": ..., "rule_revision": ...}`
-pub fn push_config(out: &mut String, c: &Config) {
+pub fn push_config(out: &mut String, c: &Config, sep: Separators) {
+    let Separators { item: i, key: k } = sep;
     let _ = write!(
         out,
-        "{{\"operator\": \"{}\", \"dim\": {}, \"{}\": {}, \"rule_revision\": {}}}",
+        "{{\"operator\"{k}\"{}\"{i}\"dim\"{k}{}{i}\"{}\"{k}{}{i}\"rule_revision\"{k}{}}}",
         c.operator().name(),
         c.dim(),
         c.operator().param_name(),
@@ -80,7 +66,7 @@ pub fn push_config(out: &mut String, c: &Config) {
 pub fn show_json(e: &Encoding) -> String {
     let mut out = String::with_capacity(256 + e.len() * 24);
     out.push_str("{\"config\": ");
-    push_config(&mut out, &e.config());
+    push_config(&mut out, &e.config(), Separators::SPACED);
     let _ = write!(
         out,
         ", \"id_kind\": \"{}\", \"n\": {}, \"content_digest\": \"{}\", \"state_id\": \"{}\", \"manifest\": {{",
@@ -126,7 +112,7 @@ pub fn diff_json(d: &Diff, gate: Option<(bool, &Verdict)>) -> String {
         to_hex(&d.candidate_id),
         d.id_kind.name()
     );
-    push_config(&mut out, &d.config);
+    push_config(&mut out, &d.config, Separators::SPACED);
     out.push_str(", \"added\": ");
     push_list(&mut out, &d.added, push_owned_id);
     out.push_str(", \"removed\": ");

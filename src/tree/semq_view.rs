@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::npy::{self, DType};
+use crate::python_json::Separators;
 use crate::semq::report::{escape_human, push_config, push_json_string, show_json};
 use crate::semq::{to_hex, Encoding, IdRef};
 
@@ -49,7 +50,7 @@ fn manifest_json(e: &Encoding) -> Vec<u8> {
 fn config_json(e: &Encoding) -> Vec<u8> {
     let c = e.config();
     let mut out = String::new();
-    push_config(&mut out, &c);
+    push_config(&mut out, &c, Separators::SPACED);
     // Derived sizes help consumers of symbols.npy and rows.bin.
     out.pop();
     let _ = writeln!(

@@ -98,7 +98,7 @@ def test_uint32_counts_fit_or_are_refused_naming_frame_and_pixel(tmp_path):
     frames[3, 9, 10] = 70000
     master = write_dectris(tmp_path, [frames], mask=mask, name="bad")
     out = run("qem", "convert", master, tmp_path / "bad.qem", check=False)
-    assert out.returncode == 2 and b"frame 3 pixel (9, 10) counts 70000" in out.stderr, out.stderr
+    assert out.returncode == 2 and b"frame 3 pixel (9, 10): counts 70000" in out.stderr, out.stderr
     assert not (tmp_path / "bad.qem").exists()
 
 
@@ -107,7 +107,9 @@ def test_missing_data_files_and_corrupt_chunks_are_refused(tmp_path):
     (tmp_path / "scan_data_000002.h5").unlink()
     out = run("qem", "convert", master, tmp_path / "a.qem", check=False)
     err = out.stderr.decode()
-    assert out.returncode == 2 and "/entry/data/data_000002" in err and "missing" in err, err
+    assert out.returncode == 2, err
+    assert "/entry/data/data_000002 cannot be opened: its linked data file" in err, err
+    assert "scan_data_000002.h5 is missing" in err, err
     master = write_dectris(tmp_path, [counts(2), counts(2, seed=3)], name="corrupt")
     data = tmp_path / "corrupt_data_000002.h5"
     with h5py.File(data) as d:
@@ -122,3 +124,76 @@ def test_missing_data_files_and_corrupt_chunks_are_refused(tmp_path):
     err = out.stderr.decode()
     assert out.returncode == 2 and "/entry/data/data_000002 chunk at frame 1" in err, err
     assert not (tmp_path / "a.qem").exists() and not (tmp_path / "b.qem").exists()
+
+
+@pytest.mark.parametrize("dtype,depth,marker", [(np.uint16, None, 0xFFFF), (np.uint16, 12, 4095), (np.uint32, None, 0xFFFFFFFF)])
+def test_overflow_markers_are_refused_or_masked_as_the_user_chooses(tmp_path, dtype, depth, marker):
+    mask = np.zeros((H, W), np.uint32)
+    mask[1, 1] = 1
+    frames = counts(4, high=min(marker, 3000), dtype=dtype)
+    frames[:, 1, 1] = marker  # flagged: stored as 0 under either policy
+    frames[2, 5, 6] = marker  # an overflow in an unflagged pixel
+    frames[3, 0, 9] = marker
+    master = write_dectris(tmp_path, [frames], mask=mask)
+    if depth is not None:
+        with h5py.File(master, "a") as m:
+            m["entry/instrument/detector/bit_depth_image"] = np.uint32(depth)
+    out = run("qem", "convert", master, tmp_path / "refused.qem", check=False)
+    err = out.stderr.decode()
+    assert out.returncode == 2, err
+    assert f"frame 2 pixel (5, 6): the DECTRIS overflow/defect marker {marker}" in err, err
+    assert "--dectris-markers mask" in err, err
+    assert not (tmp_path / "refused.qem").exists()
+
+    ours, header = convert(tmp_path, master, "--dectris-markers", "mask")
+    invalid = mask != 0
+    invalid[5, 6] = invalid[0, 9] = True
+    # Markers become 0; the other counts of a pixel made invalid are kept,
+    # as the format keeps every invalid pixel's counts.
+    want = np.where(frames == marker, 0, frames).astype(np.uint64)
+    np.testing.assert_array_equal(ours, want.reshape(2, 2, H, W))
+    np.testing.assert_array_equal(np.array(header["metadata"]["valid_pixels"]), ~invalid)
+    ops = {p["operation"]: p for p in header["scientific_metadata"]["processing"]}
+    assert ops["marker_pixel_masking"]["changes_measurements"] is True
+    assert ops["marker_pixel_masking"]["description"].startswith("2 pixels")
+    assert "flagged_marker_zeroing" in ops
+    # The valid total respects the mask: the markers never reach a sum.
+    total = int(np.load(tmp_path / "out.npy")[..., ~invalid].sum())
+    assert total == int(frames.astype(np.uint64)[:, ~invalid].sum())
+
+
+def test_a_truncated_data_file_is_named_as_such(tmp_path):
+    master = write_dectris(tmp_path, [counts(4), counts(4, seed=5)])
+    data = tmp_path / "scan_data_000002.h5"
+    data.write_bytes(data.read_bytes()[:-100])
+    out = run("qem", "convert", master, tmp_path / "cut.qem", "--scan", "2,4", check=False)
+    err = out.stderr.decode()
+    assert out.returncode == 2, err
+    assert "scan_master.h5" in err and "/entry/data/data_000002" in err, err
+    # The library's own reason, not only the test's folder name.
+    assert "truncated file: eof" in err, err
+    assert not (tmp_path / "cut.qem").exists()
+
+
+# Not plain LZ4: its filter stores incompressible blocks verbatim and
+# carries no checksum, so zeros in place of such a block's bytes are
+# indistinguishable from counts of zero.
+@pytest.mark.parametrize("compression", ["bitshuffle", "gzip"])
+def test_a_chunk_cut_short_is_refused_naming_the_chunk(tmp_path, compression):
+    master = write_dectris(tmp_path, [counts(4), counts(4, seed=5)], compression=compression)
+    data = tmp_path / "scan_data_000002.h5"
+    with h5py.File(data) as d:
+        info = d["entry/data/data"].id.get_chunk_info(2)
+    raw = bytearray(data.read_bytes())
+    # The file keeps its length; the chunk's second half is gone (zeros),
+    # as a copy interrupted mid-chunk onto a preallocated file leaves it.
+    half = info.byte_offset + info.size // 2
+    raw[half : info.byte_offset + info.size] = bytes(info.byte_offset + info.size - half)
+    data.write_bytes(bytes(raw))
+    out = run("qem", "convert", master, tmp_path / "cut.qem", "--scan", "2,4", check=False)
+    err = out.stderr.decode()
+    assert out.returncode == 2, err
+    assert "scan_master.h5" in err and "/entry/data/data_000002 chunk at frame 2" in err, err
+    assert "panicked" not in err
+    assert not (tmp_path / "cut.qem").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["scan_master.h5", "scan_data_000001.h5", "scan_data_000002.h5"])

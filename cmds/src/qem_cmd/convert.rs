@@ -5,11 +5,11 @@ use std::io::Write;
 
 use indicatif::ProgressBar;
 
-use qemfs::convert::{self, MetadataOptions, Monitor, Options, RawLayout, SourceDtype};
+use qemfs::convert::{self, Markers, MetadataOptions, Monitor, Options, RawLayout, SourceDtype};
 use qemfs::npy::DType;
 
 use crate::exit::{Failure, OK};
-use crate::qem_args::{ConvertArgs, Hdf5Compression, RawDtype, ZarrCompression};
+use crate::qem_args::{ConvertArgs, DectrisMarkers, Hdf5Compression, RawDtype, ZarrCompression};
 use qemfs::zarr::store::Compression;
 
 fn raw_dtype(d: RawDtype) -> DType {
@@ -85,6 +85,10 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
             Hdf5Compression::Gzip => convert::Hdf5Compression::Gzip,
         },
         masked: args.masked,
+        dectris_markers: match args.dectris_markers {
+            DectrisMarkers::Refuse => Markers::Refuse,
+            DectrisMarkers::Mask => Markers::Mask,
+        },
     };
     let mut bar = Bar(None);
     let result = convert::convert(&args.input, &args.output, &options, &mut bar);

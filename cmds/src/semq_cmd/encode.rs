@@ -234,7 +234,18 @@ pub fn encode(args: &EncodeArgs) -> Result<u8, Failure> {
             }
             at.push(')');
         }
-        Failure::plain(format!("{}: {}{at}", e.class(), e.message()))
+        let reason = format!("{}: {}{at}", e.class(), e.message());
+        // Name the input the error is about: ids for a repeated id, the
+        // vectors for any other row, the manifest file for the rest.
+        if e.message() == qemfs::semq::encode::DUPLICATE_ID {
+            Failure::file(&args.ids, reason)
+        } else if e.row().is_some() {
+            Failure::file(&args.vectors, reason)
+        } else if let Some(m) = &args.manifest_json {
+            Failure::file(m, reason)
+        } else {
+            Failure::plain(reason)
+        }
     })?;
     write_image(target, encoding.image())?;
     Ok(OK)
@@ -316,7 +327,15 @@ pub fn concat(args: &ConcatArgs) -> Result<u8, Failure> {
         .iter()
         .map(|p| load(p))
         .collect::<Result<Vec<Encoding>, _>>()?;
-    let joined = concat_all(&parts).map_err(|e| Failure::plain(e.message()))?;
+    // Concat errors carry the offending part's index as their field.
+    let joined = concat_all(&parts).map_err(|e| {
+        let at = e.row().map(|r| format!(" (row {r})")).unwrap_or_default();
+        let reason = format!("{}{at}", e.message());
+        match e.field().and_then(|k| args.inputs.get(k as usize)) {
+            Some(part) => Failure::file(part, reason),
+            None => Failure::plain(reason),
+        }
+    })?;
     write_image(target, joined.image())?;
     Ok(OK)
 }

@@ -6,8 +6,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::header::{python_float_repr, sorted};
+use super::header::sorted;
 use super::{WriteError, SCALED_CODEC};
+use crate::python_json::float_repr;
 use crate::qem::error::QemError;
 use crate::qem::metadata::{
     ScientificMetadata, ACCELERATING_VOLTAGE, AXIS_NAMES, PIXEL_SIZE_COLUMN, PIXEL_SIZE_ROW,
@@ -168,7 +169,7 @@ fn python_repr(v: &Value) -> String {
         Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
             (Some(u), _, _) => u.to_string(),
             (_, Some(i), _) => i.to_string(),
-            (_, _, Some(f)) => python_float_repr(f),
+            (_, _, Some(f)) => float_repr(f),
             _ => n.to_string(),
         },
         Value::String(s) => {

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Map, Number, Value};
 use sha2::{Digest, Sha256};
 
-pub use header::{python_float_repr, to_canonical_json};
+pub use header::to_canonical_json;
 pub use metadata::{
     scientific_metadata, validate_scientific_metadata, Calibration, DetectorUnit,
     SCALED_QUANTIZATION_DESCRIPTION,

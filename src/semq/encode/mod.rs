@@ -188,10 +188,14 @@ fn rounding_is_to_nearest() -> bool {
     one + tiny == 1.0 + f64::EPSILON && -one - tiny == -1.0 - f64::EPSILON
 }
 
+/// The message of the one encode error that concerns the ids rather than
+/// the vectors or the manifest (callers name the ids file for it).
+pub const DUPLICATE_ID: &str = "duplicate id";
+
 /// Validates the ids (spec 6, step 2) and returns the input indices in
 /// sorted id order.
 fn sorted_order(ids: &IdList) -> Result<Vec<usize>> {
-    let duplicate = |later: usize| SemqError::invalid_at("duplicate id", Some(later as u64), None);
+    let duplicate = |later: usize| SemqError::invalid_at(DUPLICATE_ID, Some(later as u64), None);
     match ids {
         IdList::U64(v) => {
             // Sorting (id, input index) pairs keeps the keys next to each

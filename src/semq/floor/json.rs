@@ -1,31 +1,29 @@
 //! The floor JSON: the canonical writer and the strict reader (spec 10.1).
 
 use super::{Floor, FloorFields};
+use crate::python_json::Separators;
 use crate::semq::config::{check_fields, Operator};
 use crate::semq::error::{Result, SemqError};
 use crate::semq::identity::{from_hex, to_hex};
 use crate::semq::ids::IdKind;
+use crate::semq::report::push_config;
 
 const VERSION: &str = "semq-floor/1";
 /// The outer object is level 1; a container at level 65 is rejected.
 const MAX_DEPTH: usize = 64;
 
 pub(super) fn write(f: &Floor) -> String {
-    let c = &f.config;
-    let mut s = format!(
-        "{{\"version\":\"{VERSION}\",\"config\":{{\"operator\":\"{}\",\"dim\":{},\"{}\":{},\"rule_revision\":{}}},\"id_kind\":\"{}\",\"reference_id\":\"{}\",\"nulls\":{},\"changed_rows\":{},\"total_rows\":{},\"hamming\":{}",
-        c.operator().name(),
-        c.dim(),
-        c.operator().param_name(),
-        c.param(),
-        c.rule_revision(),
+    let mut s = format!("{{\"version\":\"{VERSION}\",\"config\":");
+    push_config(&mut s, &f.config, Separators::COMPACT);
+    s.push_str(&format!(
+        ",\"id_kind\":\"{}\",\"reference_id\":\"{}\",\"nulls\":{},\"changed_rows\":{},\"total_rows\":{},\"hamming\":{}",
         f.id_kind.name(),
         to_hex(&f.reference_id),
         f.nulls,
         f.changed_rows,
         f.total_rows,
         f.hamming,
-    );
+    ));
     if let Some(m) = f.max_hamming {
         s.push_str(&format!(",\"max_hamming\":{m}"));
     }
