@@ -24,6 +24,16 @@ if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.requirements.sha256" 2>/dev/n
   echo "$want" >"$venv/.requirements.sha256"
 fi
 
+# py4DSTEM reads the EMD export back in the tests, but pins numpy < 2:
+# its own environment, .venv-py4dstem/, from scripts/requirements-py4dstem.txt.
+p4=.venv-py4dstem
+want=$(sha256sum scripts/requirements-py4dstem.txt | cut -d' ' -f1)
+if [ ! -x "$p4/bin/python" ] || [ "$(cat "$p4/.requirements.sha256" 2>/dev/null)" != "$want" ]; then
+  python3 -m venv "$p4"
+  "$p4/bin/pip" install --quiet --disable-pip-version-check -r scripts/requirements-py4dstem.txt
+  echo "$want" >"$p4/.requirements.sha256"
+fi
+
 # The GPU tests (gpu/) run their WGSL shaders on Mesa's software Vulkan
 # (lavapipe) where there is no GPU: the Vulkan loader and Mesa's drivers.
 # (grep reads all of ldconfig's output: with -q, ldconfig could die of

@@ -89,6 +89,13 @@ impl AtomicFile {
         &self.target
     }
 
+    /// The temporary file's name, for writers that open it themselves (the
+    /// HDF5 library writes by path; it truncates this same inode, so
+    /// [`AtomicFile::publish`] still fsyncs what it wrote).
+    pub fn temp_path(&self) -> &Path {
+        &self.temp
+    }
+
     /// The temporary file, for writing (and reading back, e.g. to copy a
     /// spooled body).
     pub fn file(&mut self) -> &mut File {

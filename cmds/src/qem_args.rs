@@ -59,7 +59,7 @@ pub enum Command {
   qem diff a.qem b.qem                  # exit 0 same, 1 different
   qem diff --json a.qem b.qem")]
     Diff(DiffArgs),
-    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, Zarr, raw) to .qem, and .qem to .npy, .tiff or .zarr
+    /// Convert detector data (.npy, TIFF, EMPAD, Merlin MIB, DECTRIS HDF5, EMD, Zarr, raw) to .qem, and .qem to .npy, .tiff, .zarr, .emd or .raw
     #[command(after_help = "Examples:
   qem convert scan.npy scan.qem --metadata calib.json
   qem convert scan.npy scan.qem --voltage-kv 300 --scan-step 0.5nm --detector-sampling 0.8mrad
@@ -72,7 +72,10 @@ pub enum Command {
   qem convert frames.raw scan.qem --shape 64,64,128,128 --dtype uint16
   qem convert scan.qem scan.npy
   qem convert scan.qem scan.tiff --masked                         # Fiji hyperstack
-  qem convert scan.qem scan.zarr && qem convert scan.zarr back.qem")]
+  qem convert scan.qem scan.zarr && qem convert scan.zarr back.qem
+  qem convert scan.qem scan.emd --hdf5-compression gzip          # py4DSTEM DataCube, hyperspy
+  qem convert scan.emd back.qem                                   # EMD: no dataset path needed
+  qem convert scan.qem scan.raw                                   # prints its --shape and --dtype")]
     Convert(ConvertArgs),
     /// List the virtual tree of a .qem or .semq file, as the mount shows it
     #[command(after_help = "Examples:
@@ -168,10 +171,11 @@ fn parse_shape(text: &str) -> Result<[u32; 4], String> {
 #[derive(Debug, Args)]
 pub struct ConvertArgs {
     /// .npy, .qem, TIFF stack, EMPAD .xml (+ .raw), Merlin .mib (+ .hdr), DECTRIS
-    /// HDF5 master file, FILE.h5:/dataset, a Zarr store (folder) or raw binary
-    /// (with --shape and --dtype); recognised by content
+    /// HDF5 master file, EMD (py4DSTEM, NCEM), FILE.h5:/dataset, a Zarr store
+    /// (folder) or raw binary (with --shape and --dtype); recognised by content
     pub input: PathBuf,
-    /// .qem, .npy, .tiff or .zarr (a Zarr v3 store)
+    /// .qem, .npy, .tiff, .zarr (a Zarr v3 store), .emd / .h5 / .hdf5 (EMD 1.0,
+    /// py4DSTEM's DataCube layout) or .raw (headerless; its shape and dtype are printed)
     pub output: PathBuf,
     /// JSON merged into the scientific metadata (calibration, voltage, ...)
     #[arg(long, value_name = "JSON")]
@@ -209,8 +213,12 @@ pub struct ConvertArgs {
     /// Compression of a written .zarr store's chunks
     #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
     pub zarr_compression: ZarrCompression,
-    /// .npy and .tiff outputs: write the pixels the validity mask marks
-    /// invalid as zero (counts files; data.npy and plain exports keep them)
+    /// Compression of a written .emd / .h5 file's chunks (standard HDF5
+    /// filters every reader has)
+    #[arg(long, value_enum, default_value = "none", value_name = "CODEC")]
+    pub hdf5_compression: Hdf5Compression,
+    /// Exports (.npy, .tiff, .emd, .raw): write the pixels the validity mask
+    /// marks invalid as zero (counts files; data.npy and plain exports keep them)
     #[arg(long)]
     pub masked: bool,
     /// DECTRIS input: an overflow/defect marker (2^bit_depth - 1) in a pixel
@@ -221,6 +229,15 @@ pub struct ConvertArgs {
     /// Replace OUTPUT if it exists
     #[arg(long)]
     pub force: bool,
+}
+
+/// Chunk compression of `qem convert X.qem X.emd` (or .h5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Hdf5Compression {
+    /// uncompressed chunks
+    None,
+    /// byte shuffle, then deflate (gzip) level 4
+    Gzip,
 }
 
 /// What `qem convert` does with DECTRIS overflow/defect markers.

@@ -206,7 +206,13 @@ impl DectrisSource {
         let file = h5::File::open(path).map_err(|e| h5err(path, "not a readable HDF5 file", e))?;
         let group = file
             .group("/entry/data")
-            .map_err(|e| h5err(path, "no /entry/data group (not a DECTRIS master file)", e))?;
+            .map_err(|e| {
+                h5err(
+                    path,
+                    "neither an EMD file nor a DECTRIS master file (no /entry/data group); name a 4-D dataset as FILE:/path",
+                    e,
+                )
+            })?;
         let mut names: Vec<String> = group
             .member_names()
             .map_err(|e| h5err(path, "/entry/data", e))?

@@ -2,10 +2,13 @@
 //! path: `qem convert FILE.h5:/path/to/dataset OUT.qem` (py4DSTEM's and
 //! generic 4D-STEM data). Frames are read scan row by scan row through the
 //! HDF5 library (its own filters: gzip, shuffle, none) and stored by the
-//! exact-narrowing rule. When the dataset sits in an EMD 1.0 data group
-//! (`emd_group_type = 1`), the group's `dim1`…`dim4` coordinate vectors give
-//! the calibration: their spacing, with the `units` attribute (scan axes in
-//! m, nm, Å; detector axes in mrad or 1/nm, 1/Å).
+//! exact-narrowing rule. When the dataset sits in an EMD data group — EMD
+//! 1.0 as emdfile and py4DSTEM write it (`emd_group_type = "array"`,
+//! vectors `dim0`…`dim3`), or NCEM's earlier layout (`emd_group_type = 1`,
+//! `dim1`…`dim4`) — the dimension vectors give the calibration: their
+//! spacing, with the `units` attribute (scan axes in m, nm, Å; detector axes
+//! in mrad or 1/nm, 1/Å). An EMD file needs no dataset path:
+//! [`find_emd_array`] finds its 4-D array.
 
 use std::path::{Path, PathBuf};
 
@@ -64,6 +67,101 @@ fn string_attr(loc: &h5::Location, name: &str) -> Option<String> {
     )
 }
 
+/// How a group declares itself an EMD data group, and so how its
+/// dimension vectors are numbered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum EmdGroup {
+    /// EMD 1.0 (`"array"`): `dim0`…
+    Array,
+    /// NCEM's EMD 0.x (`1`): `dim1`…
+    Ncem,
+}
+
+impl EmdGroup {
+    fn of(loc: &h5::Location) -> Option<EmdGroup> {
+        let a = loc.attr("emd_group_type").ok()?;
+        // An integer attribute read as text would convert, so ask for the
+        // integer first.
+        if let Ok(n) = a.read_scalar::<i64>() {
+            return (n == 1).then_some(EmdGroup::Ncem);
+        }
+        (string_attr(loc, "emd_group_type")? == "array").then_some(EmdGroup::Array)
+    }
+
+    fn first_dim(self) -> usize {
+        match self {
+            EmdGroup::Array => 0,
+            EmdGroup::Ncem => 1,
+        }
+    }
+}
+
+/// Data groups nested deeper than this are not searched.
+const EMD_DEPTH: usize = 4;
+
+/// The 4-D array of an EMD file (`/root/datacube/data`), or `None` when
+/// the file is not EMD (its root has neither `emd_group_type = "file"` nor
+/// `version_major`). An EMD file with no 4-D array, or with several
+/// that are not told apart by py4DSTEM's `DataCube` class, is refused
+/// with the candidates named.
+pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
+    crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
+    let file = h5::File::open(path)
+        .map_err(|e| ConvertError::input(path, format!("not a readable HDF5 file: {e}")))?;
+    // EMD 1.0 marks the file; NCEM's files carry the version at the root.
+    // Anything else (a DECTRIS master file with thousands of external
+    // links) is not searched at all.
+    let emd_file = string_attr(&file, "emd_group_type").as_deref() == Some("file")
+        || file.attr("version_major").is_ok();
+    if !emd_file {
+        return Ok(None);
+    }
+    // (dataset path, is a py4DSTEM DataCube)
+    let mut found: Vec<(String, bool)> = Vec::new();
+    let top = file
+        .group("/")
+        .map_err(|e| ConvertError::input(path, e.to_string()))?;
+    let mut todo = vec![(top, 0)];
+    while let Some((group, depth)) = todo.pop() {
+        if EmdGroup::of(&group).is_some() {
+            if let Ok(ds) = group.dataset("data") {
+                if ds.ndim() == 4 {
+                    let cube = string_attr(&group, "python_class").as_deref() == Some("DataCube");
+                    found.push((ds.name(), cube));
+                }
+            }
+        }
+        if depth < EMD_DEPTH {
+            for g in group.groups().unwrap_or_default() {
+                todo.push((g, depth + 1));
+            }
+        }
+    }
+    if found.is_empty() {
+        return Err(ConvertError::input(
+            path,
+            "an EMD file without a 4-D array; name a dataset as FILE:/path",
+        ));
+    }
+    found.sort();
+    if found.len() > 1 && found.iter().filter(|(_, cube)| *cube).count() == 1 {
+        found.retain(|(_, cube)| *cube);
+    }
+    match &found[..] {
+        [(one, _)] => Ok(Some(one.clone())),
+        many => Err(ConvertError::input(
+            path,
+            format!(
+                "holds several 4-D EMD arrays ({}); name one as FILE:/path",
+                many.iter()
+                    .map(|(p, _)| p.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
 /// Spacing and unit of an EMD dimension vector.
 fn emd_dim(group: &h5::Group, i: usize) -> Option<(f64, String, String)> {
     let ds = group.dataset(&format!("dim{i}")).ok()?;
@@ -93,6 +191,39 @@ fn reciprocal(step: f64, unit: &str) -> Option<(f64, DetectorUnit)> {
         "1/A" | "1/Å" | "A^-1" => (step, DetectorUnit::InverseAngstrom),
         _ => return None,
     })
+}
+
+/// What a file `qem convert X.qem X.emd` wrote carries beyond the values
+/// (see `emd.rs`), in the root's `metadatabundle/qem`: the validity mask
+/// (`valid_mask`, true = valid) and the original `scientific_metadata`.
+/// Anything that does not fit the array is left out, as if absent.
+fn ours(file: &h5::File, array_group: &str, description: &mut Description) {
+    let [_, _, rows, columns] = description.shape;
+    let root = array_group
+        .trim_start_matches('/')
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    let qem = format!("/{root}/metadatabundle/qem");
+    if let super::Content::Counts { valid, .. } = &mut description.content {
+        let mask = file
+            .dataset(&format!("{qem}/valid_mask"))
+            .ok()
+            .filter(|ds| ds.shape() == [rows as usize, columns as usize])
+            .and_then(|ds| ds.read_raw::<bool>().ok());
+        if let Some(mask) = mask.filter(|m| m.iter().any(|v| !v)) {
+            *valid = Some(mask);
+        }
+    }
+    let original = file
+        .dataset(&format!("{qem}/scientific_metadata"))
+        .and_then(|ds| ds.read_scalar::<VarLenUnicode>())
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(s.as_str()).ok())
+        .filter(|v| crate::qem::ScientificMetadata::parse(v, &description.shape).is_ok());
+    if let Some(sm) = original {
+        description.scientific_metadata = sm;
+    }
 }
 
 pub struct Hdf5Source {
@@ -163,17 +294,15 @@ impl Hdf5Source {
             .unwrap_or("/");
         let mut format = "hdf5";
         if let Ok(group) = file.group(parent) {
-            let emd = group
-                .attr("emd_group_type")
-                .and_then(|a| a.read_scalar::<i64>())
-                .is_ok_and(|t| t == 1);
-            if emd && dims.len() == 4 {
+            let emd = EmdGroup::of(&group);
+            if let (Some(emd), 4) = (emd, dims.len()) {
                 format = "emd";
-                let d: Vec<_> = (1..=4).map(|i| emd_dim(&group, i)).collect();
+                let first = emd.first_dim();
+                let d: Vec<_> = (first..first + 4).map(|i| emd_dim(&group, i)).collect();
                 for (i, dim) in d.iter().enumerate() {
                     if let Some((step, units, dname)) = dim {
                         source_metadata.insert(
-                            format!("dim{}", i + 1),
+                            format!("dim{}", first + i),
                             json!({"name": dname, "units": units, "step": step}),
                         );
                     }
@@ -193,7 +322,10 @@ impl Hdf5Source {
             }
         }
         calibration.source_metadata = source_metadata;
-        let description = foreign(path, shape, narrowing.stored, &calibration, format, &[])?;
+        let mut description = foreign(path, shape, narrowing.stored, &calibration, format, &[])?;
+        if format == "emd" {
+            ours(&file, parent, &mut description);
+        }
         Ok(Hdf5Source {
             description,
             path: path.to_path_buf(),

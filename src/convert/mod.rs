@@ -14,6 +14,7 @@ mod dense;
 mod describe;
 mod detect;
 mod element;
+mod emd;
 mod empad;
 mod error;
 mod hdf5;
@@ -34,6 +35,7 @@ use crate::qem::write::Content;
 pub use describe::{fresh_metadata, Document};
 pub use detect::{detect, SourceFormat};
 pub use element::{ByteOrder, Element, Narrowing, SourceDtype};
+pub use emd::Compression as Hdf5Compression;
 pub use error::ConvertError;
 pub use metadata::MetadataOptions;
 
@@ -113,6 +115,10 @@ pub enum SinkFormat {
     Tiff,
     /// A compressed Zarr v3 store (from a `.qem` file only).
     Zarr,
+    /// EMD 1.0 in HDF5 (`.emd`, `.h5`, `.hdf5`): py4DSTEM's DataCube layout.
+    Emd,
+    /// Headerless little-endian C-order frames.
+    Raw,
 }
 
 impl SinkFormat {
@@ -123,6 +129,8 @@ impl SinkFormat {
             "npy" => Some(SinkFormat::Npy),
             "tif" | "tiff" => Some(SinkFormat::Tiff),
             "zarr" => Some(SinkFormat::Zarr),
+            "emd" | "h5" | "hdf5" => Some(SinkFormat::Emd),
+            "raw" => Some(SinkFormat::Raw),
             _ => None,
         }
     }
@@ -151,8 +159,10 @@ pub struct Options {
     pub metadata: MetadataOptions,
     /// Chunk compression of a written Zarr store.
     pub zarr_compression: crate::zarr::store::Compression,
-    /// `.npy` and `.tiff` outputs: write the pixels the validity mask marks
-    /// invalid as zero.
+    /// Chunk compression of a written EMD / HDF5 file.
+    pub hdf5_compression: Hdf5Compression,
+    /// Exports (`.npy`, `.tiff`, `.emd`, `.raw`): write the pixels the
+    /// validity mask marks invalid as zero.
     pub masked: bool,
     /// DECTRIS HDF5 input: what an overflow/defect marker in a pixel the
     /// detector's `pixel_mask` does not flag means.
@@ -172,6 +182,14 @@ pub enum Markers {
     /// pass over the input) and mark it invalid; the markers become 0, the
     /// pixel's other counts are kept.
     Mask,
+}
+
+/// What a finished conversion tells the user.
+#[derive(Debug, Default)]
+pub struct Converted {
+    /// Printed on stdout: for a raw output, its shape and dtype and the
+    /// command that reads it back (the file carries neither).
+    pub note: Option<String>,
 }
 
 /// Progress and warnings of a conversion, drawn by the caller.
@@ -202,11 +220,11 @@ pub fn convert(
     output: &Path,
     options: &Options,
     monitor: &mut dyn Monitor,
-) -> Result<(), ConvertError> {
+) -> Result<Converted, ConvertError> {
     let Some(sink_format) = SinkFormat::from_path(output) else {
         return Err(ConvertError::input(
             output,
-            "unknown output type; use .qem, .npy, .tiff or .zarr",
+            "unknown output type; use .qem, .npy, .tiff, .zarr, .emd (.h5, .hdf5) or .raw",
         ));
     };
     if !options.force && std::fs::symlink_metadata(output).is_ok() {
@@ -216,15 +234,21 @@ pub fn convert(
         ));
     }
     if sink_format == SinkFormat::Zarr {
-        return qem_to_zarr(input, output, options, monitor);
+        qem_to_zarr(input, output, options, monitor)?;
+        return Ok(Converted::default());
     }
     if options.masked && sink_format == SinkFormat::Qem {
         return Err(ConvertError::input(
             output,
-            "--masked applies to .npy and .tiff outputs; a .qem keeps the mask itself",
+            "--masked applies to exports (.npy, .tiff, .emd, .raw); a .qem keeps the mask itself",
         ));
     }
     let mut source = open_source(input, sink_format, options, monitor)?;
+    if sink_format == SinkFormat::Tiff {
+        if let Some(message) = tiff_scan_steps_warning(source.description()) {
+            monitor.warn(&message);
+        }
+    }
     let mut sink = open_sink(output, sink_format, source.description(), options)?;
     if options.masked {
         let Some(valid) = source.description().valid() else {
@@ -240,7 +264,30 @@ pub fn convert(
             scratch: Vec::new(),
         });
     }
-    run(source.as_mut(), sink, monitor)
+    run(source.as_mut(), sink, monitor)?;
+    let d = source.description();
+    Ok(Converted {
+        note: (sink_format == SinkFormat::Raw)
+            .then(|| raw::raw_layout_note(output, d.shape, d.element)),
+    })
+}
+
+/// TIFF has no second stack axis for the scan: ImageJ keeps the row step
+/// as its frame interval, which Fiji and tifffile read, but rosettasciio
+/// (hyperspy) gives both scan axes the column step. EMD carries both.
+fn tiff_scan_steps_warning(d: &Description) -> Option<String> {
+    let metadata = crate::qem::ScientificMetadata::parse(&d.scientific_metadata, &d.shape).ok()?;
+    let (row, column) = (
+        metadata.effective_axis_sampling(0)?,
+        metadata.effective_axis_sampling(1)?,
+    );
+    let same = row.value == column.value && row.unit == column.unit;
+    (!same).then(|| {
+        format!(
+            "the scan steps differ ({} {} per row, {} {} per column): hyperspy's TIFF reader gives both scan axes the column step; convert to .emd for hyperspy and py4DSTEM",
+            row.value, row.unit, column.value, column.unit
+        )
+    })
 }
 
 /// `--masked`: zeroes the invalid pixels of every window on its way to the
@@ -329,6 +376,16 @@ pub fn open_source(
         return Ok(source);
     }
     let format = detect(path)?;
+    if format == SourceFormat::Hdf5 {
+        // An EMD file (ours, py4DSTEM's, NCEM's) names its 4-D array
+        // itself; any other HDF5 file is taken for a DECTRIS master file.
+        if let Some(dataset) = hdf5::find_emd_array(path)? {
+            let mut source: Box<dyn Source> =
+                Box::new(hdf5::Hdf5Source::open(path, &dataset, options)?);
+            metadata::apply(path, &mut *source, &options.metadata, monitor)?;
+            return Ok(source);
+        }
+    }
     let mut source: Box<dyn Source> = match format {
         SourceFormat::Npy => Box::new(npy::NpySource::open(path, options)?),
         SourceFormat::Qem => Box::new(qem::QemSource::open(path, sink == SinkFormat::Qem)?),
@@ -354,6 +411,13 @@ pub fn open_sink(
         SinkFormat::Qem => Box::new(qem::QemSink::create(path, description, options)?),
         SinkFormat::Npy => Box::new(npy::NpySink::create(path, description, options.force)?),
         SinkFormat::Tiff => Box::new(tiff::TiffSink::create(path, description, options.force)?),
+        SinkFormat::Emd => Box::new(emd::EmdSink::create(
+            path,
+            description,
+            options.force,
+            options.hdf5_compression,
+        )?),
+        SinkFormat::Raw => Box::new(raw::RawSink::create(path, options.force)?),
         SinkFormat::Zarr => {
             return Err(ConvertError::input(
                 path,

@@ -75,3 +75,87 @@ impl Source for RawSource {
         self.frames.read_frames(first, out)
     }
 }
+
+/// Raw output: the frames as they are, little-endian, C order, with no
+/// header; [`raw_layout_note`] tells the user how to read it back.
+pub struct RawSink {
+    target: crate::publish::AtomicFile,
+}
+
+impl RawSink {
+    pub fn create(path: &Path, force: bool) -> Result<RawSink, ConvertError> {
+        let overwrite = if force {
+            crate::publish::Overwrite::Replace
+        } else {
+            crate::publish::Overwrite::Never
+        };
+        Ok(RawSink {
+            target: crate::publish::AtomicFile::create(path, overwrite)?,
+        })
+    }
+}
+
+impl super::Sink for RawSink {
+    fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
+        use std::io::Write;
+        let path = self.target.target().to_path_buf();
+        self.target
+            .write_all(window)
+            .map_err(|e| ConvertError::io(&path, e))
+    }
+
+    fn publish(self: Box<Self>) -> Result<(), ConvertError> {
+        Ok(self.target.publish()?)
+    }
+}
+
+/// What a raw file holds and the command that reads it back, since the
+/// file itself says neither.
+pub fn raw_layout_note(path: &Path, shape: [u64; 4], element: super::Element) -> String {
+    let dims = shape.map(|n| n.to_string()).join(",");
+    let shown = path.display().to_string();
+    // Quoted for the shell when it needs it, so the line can be pasted.
+    let quoted = if shown
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "/._-+,:@%".contains(c))
+    {
+        shown.clone()
+    } else {
+        format!("'{}'", shown.replace('\'', "'\\''"))
+    };
+    format!(
+        "{shown}: shape {dims} (scan_row, scan_column, detector_row, detector_column), dtype {}, little-endian, C order, no header\nread it back with: qem convert {quoted} OUT.qem --shape {dims} --dtype {}",
+        element.name(),
+        element.name(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_note_names_the_layout_and_a_command_that_pastes() {
+        let note = raw_layout_note(
+            Path::new("/d/a b's.raw"),
+            [2, 3, 4, 5],
+            super::super::Element::F32,
+        );
+        let lines: Vec<&str> = note.lines().collect();
+        assert!(
+            lines[0].starts_with("/d/a b's.raw: shape 2,3,4,5 "),
+            "{note}"
+        );
+        assert!(lines[0].contains("dtype float32, little-endian, C order"));
+        assert_eq!(
+            lines[1],
+            "read it back with: qem convert '/d/a b'\\''s.raw' OUT.qem --shape 2,3,4,5 --dtype float32"
+        );
+        let plain = raw_layout_note(
+            Path::new("x/y.raw"),
+            [1, 1, 1, 1],
+            super::super::Element::U8,
+        );
+        assert!(plain.ends_with("qem convert x/y.raw OUT.qem --shape 1,1,1,1 --dtype uint8"));
+    }
+}

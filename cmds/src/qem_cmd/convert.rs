@@ -1,13 +1,15 @@
 //! `qem convert IN OUT`: the arguments of the library's conversion pipeline
 //! (`qemfs::convert`), a progress bar on a terminal and warnings on stderr.
 
+use std::io::Write;
+
 use indicatif::ProgressBar;
 
 use qemfs::convert::{self, Markers, MetadataOptions, Monitor, Options, RawLayout, SourceDtype};
 use qemfs::npy::DType;
 
 use crate::exit::{Failure, OK};
-use crate::qem_args::{ConvertArgs, DectrisMarkers, RawDtype, ZarrCompression};
+use crate::qem_args::{ConvertArgs, DectrisMarkers, Hdf5Compression, RawDtype, ZarrCompression};
 use qemfs::zarr::store::Compression;
 
 fn raw_dtype(d: RawDtype) -> DType {
@@ -78,6 +80,10 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
             ZarrCompression::Zstd => Compression::Zstd,
             ZarrCompression::None => Compression::None,
         },
+        hdf5_compression: match args.hdf5_compression {
+            Hdf5Compression::None => convert::Hdf5Compression::None,
+            Hdf5Compression::Gzip => convert::Hdf5Compression::Gzip,
+        },
         masked: args.masked,
         dectris_markers: match args.dectris_markers {
             DectrisMarkers::Refuse => Markers::Refuse,
@@ -87,6 +93,11 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
     let mut bar = Bar(None);
     let result = convert::convert(&args.input, &args.output, &options, &mut bar);
     bar.finish();
-    result.map_err(Failure::plain)?;
+    let converted = result.map_err(Failure::plain)?;
+    if let Some(note) = converted.note {
+        let mut out = crate::out::Stdout::new();
+        writeln!(out, "{note}")?;
+        out.done()?;
+    }
     Ok(OK)
 }
