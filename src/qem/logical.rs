@@ -82,6 +82,14 @@ impl QemFile {
         self.record(hex(&hasher.finalize()))
     }
 
+    /// Compares `actual`, the SHA-256 (lowercase hex) of the whole decoded
+    /// array that the caller hashed while reading it in order (frames
+    /// `0..frames()`, any piece size), as [`verify_logical`](Self::verify_logical)
+    /// does without decoding again. Fails on a float mismatch.
+    pub fn check_logical(&self, actual: String) -> Result<String> {
+        self.record(actual)
+    }
+
     /// A digest to feed with this file's blocks in order.
     pub fn logical_digest(&self) -> LogicalDigest {
         LogicalDigest {

@@ -48,6 +48,13 @@ def test_hash_refuses(copy_fixture, tmp_path):
     run("qem", "hash", conformance() / GOOD)
 
 
+def test_diff_refuses_a_file_whose_values_fail_their_checksum(copy_fixture, tmp_path):
+    bad = copy_fixture(BAD, tmp_path)
+    err = refused("diff", bad, bad)
+    assert err.startswith(f"error: {bad}: ") and "logical" in err, err
+    assert run("qem", "diff", conformance() / GOOD, conformance() / GOOD).returncode == 0
+
+
 @pytest.mark.parametrize("name", ["data.npy", "data.tiff", "logical_sha256"])
 def test_cat_of_a_whole_array_file_refuses(name):
     err = refused("cat", conformance() / BAD, name)

@@ -6,6 +6,8 @@
 use std::io::Write;
 
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::path::Path;
 
 use qemfs::qem::{Dtype, QemFile};
 
@@ -75,7 +77,10 @@ fn element(bytes: &[u8], dtype: Dtype, i: usize) -> (u64, f64) {
     }
 }
 
-fn compare_measurements(a: &QemFile, b: &QemFile) -> Result<Measurements, Failure> {
+fn compare_measurements(
+    (a, a_path): (&QemFile, &Path),
+    (b, b_path): (&QemFile, &Path),
+) -> Result<Measurements, Failure> {
     let frames = a.frames();
     let columns = a.shape()[1].max(1);
     let frame_bytes = a.frame_bytes();
@@ -87,6 +92,11 @@ fn compare_measurements(a: &QemFile, b: &QemFile) -> Result<Measurements, Failur
         max_abs_difference: 0.0,
     };
     let (mut x, mut y) = (Vec::new(), Vec::new());
+    // Every value of both arrays is compared, so a float file's whole-array
+    // checksum is checked on the way: a diff never reports values that no
+    // other command would hand out.
+    let digest = |f: &QemFile| f.logical_expected().map(|_| Sha256::new());
+    let (mut hash_a, mut hash_b) = (digest(a), digest(b));
     let mut start = 0;
     while start < frames {
         let end = (start + STEP_FRAMES).min(frames);
@@ -94,6 +104,8 @@ fn compare_measurements(a: &QemFile, b: &QemFile) -> Result<Measurements, Failur
         y.resize((end - start) * frame_bytes, 0);
         a.read_frames(start..end, &mut x).map_err(Failure::plain)?;
         b.read_frames(start..end, &mut y).map_err(Failure::plain)?;
+        hash_a.iter_mut().for_each(|h| h.update(&x));
+        hash_b.iter_mut().for_each(|h| h.update(&y));
         for (k, (fx, fy)) in x.chunks(frame_bytes).zip(y.chunks(frame_bytes)).enumerate() {
             if fx == fy {
                 continue;
@@ -116,6 +128,12 @@ fn compare_measurements(a: &QemFile, b: &QemFile) -> Result<Measurements, Failur
             }
         }
         start = end;
+    }
+    for (file, hash, path) in [(a, hash_a, a_path), (b, hash_b, b_path)] {
+        if let Some(h) = hash {
+            file.check_logical(qemfs::qem::checksum::hex(&h.finalize()))
+                .map_err(|e| Failure::file(path, e))?;
+        }
     }
     Ok(result)
 }
@@ -152,7 +170,7 @@ pub fn diff(args: &DiffArgs) -> Result<u8, Failure> {
         array.push(json!({"what": "valid mask", "a": a.valid_mask().map(|m| m.invalid_count()), "b": b.valid_mask().map(|m| m.invalid_count())}));
     }
     let measurements = if same_array {
-        Some(compare_measurements(&a, &b)?)
+        Some(compare_measurements((&a, &args.a), (&b, &args.b))?)
     } else {
         None
     };
