@@ -1,6 +1,7 @@
 //! `semq show`, `semq diff` (with floor gating), `semq floor` and
 //! `semq version`: the upstream command's output, byte for byte.
 
+use rayon::prelude::*;
 use std::fs;
 use std::io::Write;
 use std::path::Path;
@@ -170,8 +171,10 @@ pub fn diff(args: &DiffArgs) -> Result<u8, Failure> {
     if args.per_row && args.floor.is_none() {
         return Err(Failure::plain("--per-row needs --floor"));
     }
-    let reference = load(&args.reference)?;
-    let candidate = load(&args.candidate)?;
+    // Loading verifies each file's digests (SHA-256 over all of it, most of
+    // the time); the two run at once. The reference's error still wins.
+    let (reference, candidate) = rayon::join(|| load(&args.reference), || load(&args.candidate));
+    let (reference, candidate) = (reference?, candidate?);
     let report = reference
         .diff(&candidate)
         .map_err(|e| Failure::plain(e.message()))?;
@@ -297,13 +300,21 @@ pub fn floor(args: &FloorArgs) -> Result<u8, Failure> {
         )));
     }
     let reference = load(&args.reference)?;
+    // Nulls are loaded (digests verified) and compared in parallel; the
+    // first failure in argument order is the one reported, as when they
+    // were taken one by one.
+    let results: Vec<Result<_, Failure>> = args
+        .nulls
+        .par_iter()
+        .map(|path| {
+            reference
+                .diff(&load(path)?)
+                .map_err(|e| Failure::file(path, e.message()))
+        })
+        .collect();
     let mut diffs = Vec::with_capacity(given);
-    for path in &args.nulls {
-        let null = load(path)?;
-        let d = reference
-            .diff(&null)
-            .map_err(|e| Failure::file(path, e.message()))?;
-        diffs.push(d);
+    for d in results {
+        diffs.push(d?);
     }
     let floor = floor::measure(&diffs, args.per_row).map_err(|e| Failure::plain(e.message()))?;
     let mut out = Stdout::new();
