@@ -472,6 +472,14 @@ impl QemFile {
         self.block_codes(&info, out, true)
     }
 
+    /// As [`decode_block_codes`](Self::decode_block_codes), as
+    /// little-endian bytes (`2 * frames * pixels` of them).
+    pub fn decode_block_codes_le(&self, block: usize, out: &mut [u8]) -> Result<()> {
+        let info = *self.block_info(block)?;
+        check_len("code buffer", out.len(), 2 * info.frames * self.pixels())?;
+        self.decode_block_frames(&info, 0..info.frames, Output::Codes(out), true)
+    }
+
     fn block_codes(&self, info: &BlockInfo, out: &mut [u16], spread: bool) -> Result<()> {
         check_len("code buffer", out.len(), info.frames * self.pixels())?;
         let bytes = bytemuck::cast_slice_mut(out);
