@@ -105,8 +105,20 @@ impl QemFile {
         &self,
         info: &BlockInfo,
         frames: Range<usize>,
+        output: Output<'_>,
+        spread: bool,
+    ) -> Result<()> {
+        self.decode_block_with(info, frames, output, spread, Kernel::best())
+    }
+
+    /// [`decode_block_frames`](Self::decode_block_frames) with `kernel`.
+    fn decode_block_with(
+        &self,
+        info: &BlockInfo,
+        frames: Range<usize>,
         mut output: Output<'_>,
         spread: bool,
+        kernel: Kernel,
     ) -> Result<()> {
         let m = info.frames;
         let p = self.pixels();
@@ -188,7 +200,6 @@ impl QemFile {
                 }
             }
         }
-        let kernel = Kernel::best();
         // One part: its 8×8 tile sums (frame-major) when it decoded
         // cleanly, else `None`. Into `whole` (the block's every row) or
         // into `segs` (its columns of each output row) through a slab.
@@ -298,5 +309,138 @@ impl QemFile {
             }
             Err(e) => self.remember_index(info, Err(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qem::PixelValues;
+
+    /// Every block of every conformance fixture that opens, through every
+    /// kernel this CPU runs, in one part and in bands, whole and in frame
+    /// ranges, as values, codes and a check only: the bytes equal those
+    /// made from the stream-by-stream reference path (`decode_pixels`),
+    /// and a block the reference refuses is refused with the reference's
+    /// own error.
+    #[test]
+    fn every_block_equals_the_reference_path() {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/fixtures/conformance/qem"
+        );
+        let mut blocks_checked = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let Ok(bytes) = std::fs::read(&path) else {
+                continue;
+            };
+            let Ok(file) = QemFile::from_bytes(bytes) else {
+                continue;
+            };
+            let name = path.display().to_string();
+            let p = file.pixels();
+            let all: Vec<usize> = (0..p).collect();
+            for info in file.blocks().to_vec() {
+                let m = info.frames;
+                let reference = file.decode_block_pixels(info.index, &all);
+                // Frame-major dense bytes of the reference: values, codes.
+                let (values, codes) = match &reference {
+                    Ok(r) => {
+                        let mut codes = Vec::new();
+                        let mut values = Vec::new();
+                        for t in 0..m {
+                            for q in 0..p {
+                                match &r.values {
+                                    PixelValues::U16(v) => {
+                                        let v = v[q * m + t];
+                                        codes.extend_from_slice(&v.to_le_bytes());
+                                    }
+                                    PixelValues::F32Bits(v) => {
+                                        values.extend_from_slice(&v[q * m + t].to_le_bytes());
+                                    }
+                                }
+                            }
+                        }
+                        if values.is_empty() {
+                            let mut whole = vec![0u8; info.decoded_bytes];
+                            values = match file.codec() {
+                                // Calibrated by the same rule as the reader.
+                                Codec::Scaled => {
+                                    file.decode_block_frames(
+                                        &info,
+                                        0..m,
+                                        Output::Values(&mut whole),
+                                        false,
+                                    )
+                                    .unwrap();
+                                    whole
+                                }
+                                _ if file.stored_dtype() == Dtype::U8 => {
+                                    codes.chunks_exact(2).map(|b| b[0]).collect()
+                                }
+                                _ => codes.clone(),
+                            };
+                        }
+                        (values, codes)
+                    }
+                    Err(_) => (Vec::new(), Vec::new()),
+                };
+                let e = file.decoded_dtype().size();
+                for kernel in Kernel::ALL.into_iter().filter(|k| k.available()) {
+                    for spread in [false, true] {
+                        for frames in [0..m, 0..m / 2, m / 3..m, m / 2..(m / 2 + 1).min(m)] {
+                            let mut out = vec![0xa5u8; frames.len() * p * e];
+                            let got = file.decode_block_with(
+                                &info,
+                                frames.clone(),
+                                Output::Values(&mut out),
+                                spread,
+                                kernel,
+                            );
+                            let what = format!(
+                                "{name} block {} {frames:?} {kernel:?} {spread}",
+                                info.index
+                            );
+                            match &reference {
+                                Ok(_) => {
+                                    got.unwrap();
+                                    let want = &values[frames.start * p * e..frames.end * p * e];
+                                    assert!(out == want, "{what}: values differ");
+                                }
+                                Err(want) => {
+                                    assert_eq!(
+                                        got.unwrap_err().to_string(),
+                                        want.to_string(),
+                                        "{what}"
+                                    );
+                                }
+                            }
+                        }
+                        let checked =
+                            file.decode_block_with(&info, 0..m, Output::Check, spread, kernel);
+                        assert_eq!(checked.is_ok(), reference.is_ok(), "{name} check");
+                        if file.codec() != Codec::Float {
+                            let mut out = vec![0x5au8; 2 * m * p];
+                            let got = file.decode_block_with(
+                                &info,
+                                0..m,
+                                Output::Codes(&mut out),
+                                spread,
+                                kernel,
+                            );
+                            if reference.is_ok() {
+                                got.unwrap();
+                                assert!(out == codes, "{name} block {} codes differ", info.index);
+                            } else {
+                                assert!(got.is_err(), "{name} codes");
+                            }
+                        }
+                    }
+                }
+                blocks_checked += 1;
+            }
+        }
+        assert!(blocks_checked > 20, "only {blocks_checked} blocks checked");
     }
 }

@@ -387,7 +387,8 @@ impl QemFile {
                 .enumerate()
                 .find_first(|(_, col)| col.iter().any(|&v| v > 255));
             if let Some((j, col)) = bad {
-                let value = col.iter().copied().max().unwrap_or(0);
+                // The first such value, as every reader names it.
+                let value = col.iter().copied().find(|&v| v > 255).unwrap_or(256);
                 return Err(QemError::ValueRange {
                     site: StreamSite {
                         chunk: c,
