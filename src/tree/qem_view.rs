@@ -237,8 +237,8 @@ static RECYCLED: Recycler = Recycler {
 };
 
 impl Recycler {
-    /// A buffer of `len` bytes: a free one when there is one large enough,
-    /// else a new one. Its contents are stale.
+    /// A buffer of `len` bytes: a free one of about that size when there is
+    /// one, else a new one. Its contents are stale.
     fn take(&self, len: usize) -> Vec<u8> {
         let mut reuse = None;
         {
@@ -250,7 +250,9 @@ impl Recycler {
                 if Arc::strong_count(b) > 1 {
                     return true;
                 }
-                if reuse.is_none() && b.capacity() >= len {
+                // Not much larger: the cache weighs a block by its length,
+                // so a small block in a large buffer would hide memory.
+                if reuse.is_none() && (len..=len + len / 4).contains(&b.capacity()) {
                     reuse = Some(Arc::clone(b));
                     return false;
                 }
@@ -683,12 +685,19 @@ mod tests {
         assert_eq!(*held, vec![7u8; 1000]);
         let at = held.as_ptr();
         drop(held);
-        let reused = r.take(600);
-        assert_eq!((reused.as_ptr(), reused.len()), (at, 600));
-        // Too small for the request: left alone, and a new one made.
+        let reused = r.take(900);
+        assert_eq!((reused.as_ptr(), reused.len()), (at, 900));
+        // Too small, or much larger than asked (the cache would weigh it
+        // by the smaller length): left alone, and a new one made.
         let small = r.hand_out(vec![0u8; 10]);
-        drop(small);
-        assert_eq!(r.take(20).len(), 20);
+        let large = r.hand_out(vec![0u8; 4000]);
+        let (small_at, large_at) = (small.as_ptr(), large.as_ptr());
+        drop((small, large));
+        let got = r.take(20);
+        assert_eq!(got.len(), 20);
+        assert!(got.as_ptr() != small_at && got.as_ptr() != large_at);
+        let again = r.take(3500);
+        assert_eq!(again.as_ptr(), large_at);
     }
 
     /// Free buffers beyond the spare allowance are released, not kept.
