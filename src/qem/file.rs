@@ -7,25 +7,23 @@
 
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use crate::mapguard::Mapping;
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
+use super::block::Output;
 use super::checksum::{hex, BodyIntegrity};
 use super::envelope::Envelope;
 use super::error::{QemError, Result, StreamFault, StreamSite};
-use super::frame_major::{self, Rows, SLAB};
 use super::header::{Codec, Dtype, Header, ValidMask};
 use super::json::parse_strict;
-use super::lanes::Kernel;
 use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
 use super::metadata::ScientificMetadata;
 use super::scaled::IntensityCalibration;
-use super::spatial::{self, FrameSums, Tile};
-use super::stream::{StreamTable, LOCKSTEP};
+use super::spatial::{self, Tile};
+use super::stream::StreamTable;
 
 enum Source {
     Mapped(Mapping),
@@ -133,7 +131,7 @@ impl std::fmt::Debug for QemFile {
 }
 
 /// Streams per block and the stream index of its first stream.
-fn block_streams(codec: Codec, pixels: usize, block_in_chunk: usize) -> (usize, usize) {
+pub(super) fn block_streams(codec: Codec, pixels: usize, block_in_chunk: usize) -> (usize, usize) {
     match codec {
         Codec::Float => (0, 2 * pixels),
         _ => (block_in_chunk * pixels, pixels),
@@ -274,7 +272,7 @@ impl QemFile {
     }
 
     /// Body bytes of `range`, after verifying their checksum blocks.
-    fn checked(&self, range: Range<usize>) -> Result<&[u8]> {
+    pub(super) fn checked(&self, range: Range<usize>) -> Result<&[u8]> {
         let body = self.body();
         self.integrity.ensure(body, range.clone())?;
         body.get(range)
@@ -290,7 +288,7 @@ impl QemFile {
     /// once: offsets (start 0, nondecreasing, end), and each stream's
     /// selector and length. Payload bytes are verified by the callers, for
     /// the streams they decode.
-    fn stream_table(&self, c: usize) -> Result<StreamTable<'_>> {
+    pub(super) fn stream_table(&self, c: usize) -> Result<StreamTable<'_>> {
         let chunk = &self.layout.chunks[c];
         let offsets = self.checked(chunk.offsets.clone())?;
         let selectors = self.checked(chunk.selectors.clone())?;
@@ -333,7 +331,7 @@ impl QemFile {
     }
 
     /// Payload byte range (body-relative) of streams `first..first+count`.
-    fn payload_span(
+    pub(super) fn payload_span(
         &self,
         chunk: &Chunk,
         table: &StreamTable<'_>,
@@ -360,7 +358,7 @@ impl QemFile {
     /// Decodes every stream of `block` into stream-major values (`m` per
     /// stream; for float, lane `2p` then `2p + 1`), in parallel, with the
     /// dtype range checked.
-    fn block_columns(&self, info: &BlockInfo) -> Result<Vec<u16>> {
+    pub(super) fn block_columns(&self, info: &BlockInfo) -> Result<Vec<u16>> {
         let c = info.chunk;
         let chunk = &self.layout.chunks[c];
         let table = self.stream_table(c)?;
@@ -389,7 +387,8 @@ impl QemFile {
                 .enumerate()
                 .find_first(|(_, col)| col.iter().any(|&v| v > 255));
             if let Some((j, col)) = bad {
-                let value = col.iter().copied().max().unwrap_or(0);
+                // The first such value, as every reader names it.
+                let value = col.iter().copied().find(|&v| v > 255).unwrap_or(256);
                 return Err(QemError::ValueRange {
                     site: StreamSite {
                         chunk: c,
@@ -403,299 +402,16 @@ impl QemFile {
         Ok(cols)
     }
 
-    /// Decodes `block` and writes its frames `t0..t1` (block-relative) as
-    /// dense bytes of the decoded dtype.
-    ///
-    /// Pixels are decoded in small groups, in parallel: each group's streams
-    /// are decoded frame-major into a scratch buffer that stays in cache
-    /// (the SIMD lanes write its rows directly), converted into a strip `w`
-    /// pixels wide, and the strips are then copied into the output rows.
-    /// Transposing a whole block at once instead reads every stream with a
-    /// stride of `m` across megabytes, which cost more than the entropy
-    /// decoding itself.
-    fn block_dense(&self, info: &BlockInfo, t0: usize, t1: usize, out: &mut [u8]) -> Result<()> {
-        self.block_strips(info, t0, t1, out, false)
-    }
-
-    /// [`block_dense`](Self::block_dense), or with `raw_codes` the stored
-    /// u16 values (little-endian) of an integer or scaled block.
-    fn block_strips(
-        &self,
-        info: &BlockInfo,
-        t0: usize,
-        t1: usize,
-        out: &mut [u8],
-        raw_codes: bool,
-    ) -> Result<()> {
-        let c = info.chunk;
-        let chunk = &self.layout.chunks[c];
-        let table = self.stream_table(c)?;
-        let p_count = self.pixels();
-        let (first, count) = block_streams(self.codec(), p_count, info.block_in_chunk);
-        self.checked(self.payload_span(chunk, &table, first, count))?;
-        let m = info.frames;
-        let spp = count / p_count;
-        let e = if raw_codes {
-            2
-        } else {
-            self.decoded_dtype().size()
-        };
-        let rows = t1 - t0;
-        // About 16 Ki decoded values per group (in pixels), in whole
-        // lockstep groups of streams.
-        let group = (16384 / m).max(LOCKSTEP) / LOCKSTEP * LOCKSTEP / spp;
-        let groups = p_count.div_ceil(group);
-        let u8_counts = self.stored_dtype() == Dtype::U8;
-        let calibration = chunk
-            .region
-            .and_then(|r| self.calibration().and_then(|cal| cal.regions.get(r)))
-            .map(|r| (r.scale, r.offset));
-        let codec = match self.codec() {
-            Codec::Scaled if raw_codes => Codec::Integer,
-            other => other,
-        };
-        // Every whole-block decode of a counts file checks the block's
-        // spatial index on the way, once (see `block_index`): each group sums its own pixels
-        // per field (a group spans few tiles) and adds them to the block's
-        // totals, so no group's sums outlive it.
-        let index_check = (self.codec() == Codec::Integer
-            && self.block_index[info.index].get().is_none())
-        .then(|| {
-            let totals: Vec<AtomicU64> = (0..self.layout.fields * m)
-                .map(|_| AtomicU64::new(0))
-                .collect();
-            (self.index_inputs(), totals)
-        });
-        let strips: Vec<Result<Vec<u8>>> = (0..groups)
-            .into_par_iter()
-            .map(|g| {
-                let p0 = g * group;
-                let w = group.min(p_count - p0);
-                let s0 = first + p0 * spp;
-                let ws = w * spp;
-                // Frame-major: row t holds the group's ws stream values.
-                let mut scratch = vec![0u16; ws * m];
-                table
-                    .decode_rows(s0, ws, m, &mut scratch)
-                    .map_err(|(s, fault)| QemError::Stream {
-                        site: StreamSite {
-                            chunk: c,
-                            stream: s,
-                        },
-                        fault,
-                    })?;
-                if u8_counts && scratch.iter().any(|&v| v > 255) {
-                    // Name the first such stream, as a stream-by-stream
-                    // check would.
-                    let (i, value) = (0..ws)
-                        .find_map(|i| {
-                            let v = (0..m).map(|t| scratch[t * ws + i]).find(|&v| v > 255)?;
-                            Some((i, v))
-                        })
-                        .unwrap_or((0, 256));
-                    return Err(QemError::ValueRange {
-                        site: StreamSite {
-                            chunk: c,
-                            stream: s0 + i,
-                        },
-                        value,
-                        dtype: "uint8",
-                    });
-                }
-                if let Some(((fields, valid), totals)) = &index_check {
-                    for (t, sums) in group_tile_sums(&scratch, ws, m, p0, fields, valid) {
-                        let row = &totals[t as usize * m..(t as usize + 1) * m];
-                        for (total, v) in row.iter().zip(sums) {
-                            total.fetch_add(v, Ordering::Relaxed);
-                        }
-                    }
-                }
-                let mut strip = vec![0u8; rows * w * e];
-                let (scale, offset) = calibration.unwrap_or((1.0, 0.0));
-                for (seg, src) in strip
-                    .chunks_exact_mut(w * e)
-                    .zip(scratch[t0 * ws..t1 * ws].chunks_exact(ws))
-                {
-                    match (codec, e) {
-                        (Codec::Integer, 1) => {
-                            for (d, &v) in seg.iter_mut().zip(src) {
-                                *d = v as u8;
-                            }
-                        }
-                        (Codec::Integer, _) => {
-                            for (d, &v) in seg.chunks_exact_mut(2).zip(src) {
-                                d.copy_from_slice(&v.to_le_bytes());
-                            }
-                        }
-                        (Codec::Scaled, _) => {
-                            for (d, &v) in seg.chunks_exact_mut(4).zip(src) {
-                                let v = (f64::from(v) * scale + offset) as f32;
-                                d.copy_from_slice(&v.to_le_bytes());
-                            }
-                        }
-                        (Codec::Float, _) => {
-                            // Lanes 2i and 2i + 1 hold the low and high
-                            // halves of pixel i's bits.
-                            for (d, half) in seg.chunks_exact_mut(4).zip(src.chunks_exact(2)) {
-                                let bits = u32::from(half[0]) | (u32::from(half[1]) << 16);
-                                d.copy_from_slice(&bits.to_le_bytes());
-                            }
-                        }
-                    }
-                }
-                Ok(strip)
-            })
-            .collect();
-        let strips = strips.into_iter().collect::<Result<Vec<_>>>()?;
-        if let Some(((fields, _), totals)) = index_check {
-            let mut computed: Vec<u64> = totals.into_iter().map(AtomicU64::into_inner).collect();
-            // Each 32×32 tile is the union of the 8×8 tiles inside it
-            // (both families are truncated at the same detector edges).
-            let [_, _, r, c] = self.shape();
-            let (g8r, g8c) = Tile::Px8.grid(r, c);
-            for tr in 0..g8r {
-                for tc in 0..g8c {
-                    let f8 = tr * g8c + tc;
-                    let f32_ = fields[(tr * 8) * c + tc * 8].1 as usize;
-                    for t in 0..m {
-                        computed[f32_ * m + t] += computed[f8 * m + t];
-                    }
-                }
-            }
-            // Only remembered: the counts themselves are verified (body
-            // digests, exact decode) and are served; what disagrees is the
-            // index, which index products then refuse.
-            let _ = self.record_index(info, &computed);
-        }
-        let row_bytes = p_count * e;
-        if row_bytes == 0 || rows == 0 {
-            return Ok(());
-        }
-        let rows_per_task = (65536 / row_bytes).max(1);
-        out.par_chunks_mut(rows_per_task * row_bytes)
-            .enumerate()
-            .for_each(|(task, chunk_rows)| {
-                for (j, row) in chunk_rows.chunks_exact_mut(row_bytes).enumerate() {
-                    let k = task * rows_per_task + j;
-                    for (g, strip) in strips.iter().enumerate() {
-                        let p0 = g * group;
-                        let w = group.min(p_count - p0);
-                        row[p0 * e..(p0 + w) * e]
-                            .copy_from_slice(&strip[k * w * e..(k + 1) * w * e]);
-                    }
-                }
-            });
-        Ok(())
-    }
-
-    /// Whether blocks hold u16 streams that [`frame_major`] decodes:
-    /// integer uint16 counts or scaled codes.
-    fn u16_blocks(&self) -> bool {
-        match self.codec() {
-            Codec::Integer => self.stored_dtype() == Dtype::U16,
-            Codec::Scaled => true,
-            Codec::Float => false,
-        }
-    }
-
-    /// Decodes `info` frame-major into `rows` with the fastest kernel here,
-    /// passing each completed slab to `on_slab`. `Ok(false)`: some stream
-    /// does not decode cleanly, and the stream-by-stream path must name it.
-    fn block_rows(
-        &self,
-        info: &BlockInfo,
-        rows: Rows<'_>,
-        on_slab: impl FnMut(usize, &[u8]),
-    ) -> Result<bool> {
-        let chunk = &self.layout.chunks[info.chunk];
-        let table = self.stream_table(info.chunk)?;
-        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
-        self.checked(self.payload_span(chunk, &table, first, count))?;
-        let done = frame_major::decode(
-            &table,
-            first,
-            count,
-            info.frames,
-            Kernel::best(),
-            rows,
-            on_slab,
-        );
-        Ok(done.is_ok())
-    }
-
-    /// Full validation of one u16 block: decoded slab by slab, each slab
-    /// summed into the spatial index fields (integer codec) while in cache.
-    /// A block that does not decode cleanly, or whose sums differ, is
-    /// checked again stream by stream so that the first fault is named.
-    fn validate_u16_block(&self, info: &BlockInfo) -> Result<()> {
-        let m = info.frames;
-        let p = self.pixels();
-        let [_, _, r, c] = self.shape();
-        let integer = self.codec() == Codec::Integer;
-        let all_valid;
-        let valid = match self.valid_mask() {
-            Some(v) => v,
-            None => {
-                all_valid = ValidMask::all_valid(p);
-                &all_valid
-            }
-        };
-        let mut sums = integer.then(|| FrameSums::new(r, c, valid));
-        let fields = if integer { self.layout.fields } else { 0 };
-        // Reused across blocks: fresh buffers cost more in page faults
-        // than their sums. Every element is written before it is read.
-        thread_local! {
-            static SCRATCH: std::cell::RefCell<(Vec<u16>, Vec<u32>)> =
-                const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
-        }
-        let (clean, agrees) = SCRATCH.with_borrow_mut(|(slab, computed)| {
-            slab.resize(SLAB.min(m) * p, 0);
-            computed.resize(fields * m, 0);
-            let clean = self.block_rows(
-                info,
-                Rows::Slab(bytemuck::cast_slice_mut(slab)),
-                |t0, rows| {
-                    if let Some(sums) = sums.as_mut() {
-                        match bytemuck::try_cast_slice::<u8, u16>(rows) {
-                            Ok(frames) => sums.add(frames, t0, computed),
-                            Err(_) => {
-                                let frames: Vec<u16> = rows
-                                    .chunks_exact(2)
-                                    .map(|b| u16::from_ne_bytes([b[0], b[1]]))
-                                    .collect();
-                                sums.add(&frames, t0, computed);
-                            }
-                        }
-                    }
-                },
-            );
-            let agrees = match (&clean, integer) {
-                (Ok(true), true) => self.spatial_agrees(info, computed),
-                (Ok(c), _) => Ok(*c),
-                (Err(_), _) => Ok(false),
-            };
-            (clean, agrees)
-        });
-        let clean = clean? && agrees?;
-        if clean {
-            if integer {
-                // The index agrees with the counts: remembered, as every
-                // whole-block decode does, for the index products.
-                let _ = self.block_index[info.index].get_or_init(|| Ok(()));
-            }
-            return Ok(());
-        }
-        let cols = self.block_columns(info)?;
-        if integer {
-            self.check_spatial(info, &cols)?;
-        }
-        Ok(())
+    /// Whether several threads should share each block's pixels: when
+    /// there are fewer blocks than threads (else one thread per block).
+    fn spread(&self, blocks: usize) -> bool {
+        blocks < rayon::current_num_threads()
     }
 
     /// Whether the stored spatial index of `info` equals `computed`
     /// (frame-major: `computed[frame * fields + field]`), one field at a
     /// time.
-    fn spatial_agrees(&self, info: &BlockInfo, computed: &[u32]) -> Result<bool> {
+    pub(super) fn spatial_agrees(&self, info: &BlockInfo, computed: &[u32]) -> Result<bool> {
         let (m, fields) = (info.frames, self.layout.fields);
         if computed.len() != m * fields {
             return Ok(false);
@@ -747,25 +463,30 @@ impl QemFile {
     pub fn decode_block_into(&self, block: usize, out: &mut [u8]) -> Result<()> {
         let info = *self.block_info(block)?;
         check_len("block buffer", out.len(), info.decoded_bytes)?;
-        self.block_dense(&info, 0, info.frames, out)
+        self.decode_block_frames(&info, 0..info.frames, Output::Values(out), true)
     }
 
     /// Stored u16 values of one block, frame-major: the counts of the
     /// integer codec or the codes of the scaled codec (not for float).
     pub fn decode_block_codes(&self, block: usize, out: &mut [u16]) -> Result<()> {
         let info = *self.block_info(block)?;
-        if self.codec() == Codec::Float {
-            return Err(QemError::header(
-                "codec",
-                "float32 files have no integer codes",
-            ));
-        }
+        self.block_codes(&info, out, true)
+    }
+
+    /// As [`decode_block_codes`](Self::decode_block_codes), as
+    /// little-endian bytes (`2 * frames * pixels` of them).
+    pub fn decode_block_codes_le(&self, block: usize, out: &mut [u8]) -> Result<()> {
+        let info = *self.block_info(block)?;
+        check_len("code buffer", out.len(), 2 * info.frames * self.pixels())?;
+        self.decode_block_frames(&info, 0..info.frames, Output::Codes(out), true)
+    }
+
+    fn block_codes(&self, info: &BlockInfo, out: &mut [u16], spread: bool) -> Result<()> {
         check_len("code buffer", out.len(), info.frames * self.pixels())?;
-        let mut bytes = vec![0u8; out.len() * 2];
-        self.block_strips(&info, 0, info.frames, &mut bytes, true)?;
-        for (o, b) in out.iter_mut().zip(bytes.chunks_exact(2)) {
-            *o = u16::from_le_bytes([b[0], b[1]]);
-        }
+        let bytes = bytemuck::cast_slice_mut(out);
+        self.decode_block_frames(info, 0..info.frames, Output::Codes(bytes), spread)?;
+        // (The codes were written little-endian.)
+        out.iter_mut().for_each(|v| *v = u16::from_le(*v));
         Ok(())
     }
 
@@ -802,7 +523,8 @@ impl QemFile {
             let t0 = f - info.first_frame;
             let t1 = (frames.end - info.first_frame).min(info.frames);
             let at = (f - frames.start) * fb;
-            self.block_dense(&info, t0, t1, &mut out[at..at + (t1 - t0) * fb])?;
+            let part = Output::Values(&mut out[at..at + (t1 - t0) * fb]);
+            self.decode_block_frames(&info, t0..t1, part, true)?;
             f = info.first_frame + t1;
         }
         Ok(())
@@ -823,18 +545,11 @@ impl QemFile {
             parts.push((info, head));
             rest = tail;
         }
-        // One block per task, straight into the output, when there are
-        // blocks enough to keep every thread busy; else each block's
-        // pixels are spread over the threads.
-        let whole_blocks =
-            self.u16_blocks() && self.layout.blocks.len() >= rayon::current_num_threads();
+        let spread = self.spread(parts.len());
         let results: Vec<Result<()>> = parts
             .into_par_iter()
             .map(|(info, part)| {
-                if whole_blocks && self.block_rows(info, Rows::Whole(part), |_, _| {})? {
-                    return Ok(());
-                }
-                self.block_dense(info, 0, info.frames, part)
+                self.decode_block_frames(info, 0..info.frames, Output::Values(part), spread)
             })
             .collect();
         results.into_iter().collect::<Result<()>>()?;
@@ -857,12 +572,13 @@ impl QemFile {
         let mut rest = out;
         for info in &self.layout.blocks {
             let (head, tail) = rest.split_at_mut(info.frames * p);
-            parts.push((info.index, head));
+            parts.push((info, head));
             rest = tail;
         }
+        let spread = self.spread(parts.len());
         let results: Vec<Result<()>> = parts
             .into_par_iter()
-            .map(|(b, part)| self.decode_block_codes(b, part))
+            .map(|(info, part)| self.block_codes(info, part, spread))
             .collect();
         results.into_iter().collect()
     }
@@ -1143,7 +859,7 @@ impl QemFile {
 
     /// The field of every pixel, and the validity mask (all valid when the
     /// file has none), for summing decoded counts per field.
-    fn index_inputs(&self) -> (&[(u32, u32)], std::borrow::Cow<'_, ValidMask>) {
+    pub(super) fn index_inputs(&self) -> (&[(u32, u32)], std::borrow::Cow<'_, ValidMask>) {
         let [_, _, r, c] = self.shape();
         let pf = self
             .pixel_fields
@@ -1157,7 +873,7 @@ impl QemFile {
 
     /// Checks one decoded integer block (stream-major columns) against the
     /// spatial index.
-    fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
+    pub(super) fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
         if let Some(known) = self.block_index[info.index].get() {
             return known.clone();
         }
@@ -1169,7 +885,7 @@ impl QemFile {
 
     /// Compares the decoded per-field sums of a block (`computed[t * m +
     /// k]`) with its stored index and remembers the verdict.
-    fn record_index(&self, info: &BlockInfo, computed: &[u64]) -> Result<()> {
+    pub(super) fn record_index(&self, info: &BlockInfo, computed: &[u64]) -> Result<()> {
         let verdict = self.block_spatial(info).and_then(|stored| {
             let m = info.frames;
             match (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
@@ -1200,8 +916,13 @@ impl QemFile {
         if let Some(known) = self.block_index_verdict(block) {
             return known;
         }
-        let cols = self.block_columns(&info)?;
-        self.check_spatial(&info, &cols)
+        self.decode_block_frames(&info, 0..info.frames, Output::Check, true)?;
+        self.block_index_verdict(block).unwrap_or(Ok(()))
+    }
+
+    /// Remembers block `info`'s index verdict (the first one stands).
+    pub(super) fn remember_index(&self, info: &BlockInfo, verdict: Result<()>) {
+        let _ = self.block_index[info.index].get_or_init(|| verdict);
     }
 
     // ----- validation ---------------------------------------------------
@@ -1238,75 +959,23 @@ impl QemFile {
         }
         let blocks = &self.layout.blocks;
         for batch in block_batches(blocks) {
+            let spread = self.spread(batch.len());
             // Collected, so that the first bad block in file order is the
             // one reported.
             let verdicts: Vec<Result<()>> = blocks[batch]
                 .par_iter()
                 .map(|info| {
-                    if self.u16_blocks() {
-                        return self.validate_u16_block(info);
+                    self.decode_block_frames(info, 0..info.frames, Output::Check, spread)?;
+                    match self.codec() {
+                        Codec::Integer => self.block_index_verdict(info.index).unwrap_or(Ok(())),
+                        _ => Ok(()),
                     }
-                    let cols = self.block_columns(info)?;
-                    if self.codec() == Codec::Integer {
-                        self.check_spatial(info, &cols)?;
-                    }
-                    Ok(())
                 })
                 .collect();
             verdicts.into_iter().collect::<Result<()>>()?;
         }
         Ok(())
     }
-}
-
-/// 8×8-tile sums of one group's pixels over a block's frames: `(field,
-/// m sums)` for each 8×8 field the group touches.
-type FieldSums = Vec<(u32, Vec<u64>)>;
-
-/// [`FieldSums`] of the group of pixels `p0..p0 + ws` from its frame-major
-/// decoded counts (`scratch[t * ws + i]` is pixel `p0 + i` at frame `t`).
-/// Pixels are taken in runs of valid pixels of one 8×8 tile (at most 8
-/// along a detector row), so each frame's row is read once, in order.
-fn group_tile_sums(
-    scratch: &[u16],
-    ws: usize,
-    m: usize,
-    p0: usize,
-    pixel_fields: &[(u32, u32)],
-    valid: &ValidMask,
-) -> FieldSums {
-    let mut out: FieldSums = Vec::new();
-    // (first pixel in the group, run length, slot in `out`)
-    let mut runs: Vec<(usize, usize, usize)> = Vec::new();
-    let mut i = 0;
-    while i < ws {
-        let field = pixel_fields[p0 + i].0;
-        if !valid.is_valid(p0 + i) {
-            i += 1;
-            continue;
-        }
-        let mut len = 1;
-        while i + len < ws && pixel_fields[p0 + i + len].0 == field && valid.is_valid(p0 + i + len)
-        {
-            len += 1;
-        }
-        let slot = match out.iter().position(|(f, _)| *f == field) {
-            Some(k) => k,
-            None => {
-                out.push((field, vec![0u64; m]));
-                out.len() - 1
-            }
-        };
-        runs.push((i, len, slot));
-        i += len;
-    }
-    for (t, row) in scratch.chunks_exact(ws).take(m).enumerate() {
-        for &(start, len, slot) in &runs {
-            let s: u32 = row[start..start + len].iter().map(|&v| u32::from(v)).sum();
-            out[slot].1[t] += u64::from(s);
-        }
-    }
-    out
 }
 
 /// Decoded bytes held at once by a whole-file pass (validation, the

@@ -1,5 +1,5 @@
-//! A whole block of u16 streams (integer counts, scaled codes) decoded
-//! straight into frame-major rows, a slab of [`SLAB`] frames at a time
+//! A whole block of u16 streams (integer counts, scaled codes, the float
+//! codec's lane halves) decoded straight into frame-major rows, a slab of [`SLAB`] frames at a time
 //! across all its pixels: each [lane group](super::lanes) decodes its 64
 //! pixels' next frames and leaves its state for the next slab, so every
 //! slab is complete, contiguous and still in cache when it is done. The
@@ -20,8 +20,9 @@ use super::stream::{self, StreamTable, RANS_TABLES, ZEROS};
 /// stays in a core's L2 cache until validation has summed it.
 pub const SLAB: usize = 32;
 
-/// Some stream of the block does not decode cleanly (or is not a u16
-/// stream): decode it with the reference path to name the fault.
+/// Some stream of the block does not decode cleanly: decode it with the
+/// reference path to name the fault. (Stream lengths, and the float
+/// codec's bounds on them, are the stream table's checks, made before.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Refused;
 
@@ -61,7 +62,7 @@ pub fn decode(
     mut rows: Rows<'_>,
     mut on_slab: impl FnMut(usize, &[u8]),
 ) -> Result<(), Refused> {
-    if table.float || count == 0 || m == 0 {
+    if count == 0 || m == 0 {
         return Err(Refused);
     }
     let (start, _) = table.span(first);

@@ -13,6 +13,7 @@
 //! [`QemFile::validate`] runs the `quick` or `full` checks and returns a
 //! [`ValidationReport`].
 
+pub(crate) mod block;
 pub mod checksum;
 pub mod envelope;
 pub mod error;

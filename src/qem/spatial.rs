@@ -79,55 +79,78 @@ pub(crate) fn sums_from_columns(
     out
 }
 
-/// Field sums of valid counts from frame-major frames, for validating a
-/// block slab by slab while it is in cache. Sums the 8 rows of each 8×8
-/// band column-wise first (u32 lanes, vectorised) and then 8 columns at a
-/// time; the 32×32 tiles are sums of the 8×8 tiles they hold.
+/// 8×8-tile sums of valid counts from frame-major frames, for checking a
+/// block's index slab by slab while the slab is in cache. Covers the
+/// detector rows `rows` (whole 8-row bands, so that several summers can
+/// split a detector between threads): sums the 8 rows of each band
+/// column-wise first (u32 lanes, vectorised) and then 8 columns at a time.
+/// The 32×32 tiles are filled in afterwards from the 8×8 ones
+/// ([`fill_large_tiles`]).
 pub(crate) struct FrameSums {
-    rows: usize,
     cols: usize,
-    /// 0xffff for valid pixels, 0 for the others.
+    /// Pixels of the covered rows: 0xffff when valid, else 0.
     mask: Vec<u16>,
     band: Vec<u32>,
 }
 
 impl FrameSums {
-    pub(crate) fn new(rows: usize, cols: usize, valid: &ValidMask) -> Self {
+    /// Sums over detector rows `rows` of an `r × c` detector (`rows.start`
+    /// a multiple of 8).
+    pub(crate) fn new(c: usize, rows: std::ops::Range<usize>, valid: &ValidMask) -> Self {
+        debug_assert!(rows.start.is_multiple_of(8));
         FrameSums {
-            rows,
-            cols,
-            mask: (0..rows * cols)
+            cols: c,
+            mask: (rows.start * c..rows.end * c)
                 .map(|p| if valid.is_valid(p) { u16::MAX } else { 0 })
                 .collect(),
-            band: vec![0; cols],
+            band: vec![0; c],
         }
     }
 
-    /// Adds the field sums of `frames` (`k` whole frames of little-endian
-    /// u16 counts) as frames `t0..t0 + k`, frame-major:
-    /// `out[frame * fields + t]` is field `t` (the transpose of
-    /// [`sums_from_columns`], so that each frame's sums are one run). A
-    /// 32×32 tile sums at most 1024 u16 counts, so u32 holds it exactly.
+    /// 8×8 tiles of the covered rows: per frame, `bands * ceil(c / 8)`.
+    pub(crate) fn tiles(&self) -> usize {
+        (self.mask.len() / self.cols.max(1)).div_ceil(8) * self.cols.div_ceil(8)
+    }
+
+    /// Adds the 8×8 sums of `frames` (`k` frames of the covered rows,
+    /// little-endian u16 counts) as frames `t0..t0 + k`: `out[frame *
+    /// tiles() + i]` is tile `i` of the covered rows, in tile-row order (so
+    /// that each frame's sums are one run). An 8×8 tile sums at most 64
+    /// u16 counts, so u32 holds it exactly.
     pub(crate) fn add(&mut self, frames: &[u16], t0: usize, out: &mut [u32]) {
-        let (r, c) = (self.rows, self.cols);
-        let (_, g8c) = Tile::Px8.grid(r, c);
-        let (_, g32c) = Tile::Px32.grid(r, c);
-        let base32 = Tile::Px32.first_field(r, c);
-        let fields = base32 + Tile::Px32.grid(r, c).0 * g32c;
-        for (k, frame) in frames.chunks_exact(r * c).enumerate() {
-            let sums = &mut out[(t0 + k) * fields..(t0 + k + 1) * fields];
-            let (small, large) = sums.split_at_mut(base32);
-            large.fill(0);
+        let c = self.cols;
+        let tiles = self.tiles();
+        if self.mask.is_empty() || tiles == 0 {
+            return;
+        }
+        for (k, frame) in frames.chunks_exact(self.mask.len()).enumerate() {
+            let sums = &mut out[(t0 + k) * tiles..(t0 + k + 1) * tiles];
             for (by, band_rows) in frame.chunks(8 * c).enumerate() {
                 add_band(&mut self.band, band_rows, &self.mask[by * 8 * c..]);
-                let tiles = &mut small[by * g8c..(by + 1) * g8c];
-                let wide = &mut large[(by / 4) * g32c..(by / 4 + 1) * g32c];
-                for (tx, (tile, cols)) in tiles.iter_mut().zip(self.band.chunks(8)).enumerate() {
-                    let s: u32 = cols.iter().sum();
-                    *tile = s;
-                    wide[tx / 4] += s;
+                let g8c = c.div_ceil(8);
+                for (tile, cols) in sums[by * g8c..(by + 1) * g8c]
+                    .iter_mut()
+                    .zip(self.band.chunks(8))
+                {
+                    *tile = cols.iter().sum();
                 }
             }
+        }
+    }
+}
+
+/// Completes a frame's fields (`fields[..tiles8]` holding its 8×8 sums):
+/// each 32×32 tile is the sum of the 8×8 tiles inside it (both families
+/// are truncated at the same detector edges). A 32×32 tile sums at most
+/// 1024 u16 counts, so u32 holds it exactly.
+pub(crate) fn fill_large_tiles(r: usize, c: usize, fields: &mut [u32]) {
+    let (g8r, g8c) = Tile::Px8.grid(r, c);
+    let (_, g32c) = Tile::Px32.grid(r, c);
+    let (small, large) = fields.split_at_mut(Tile::Px32.first_field(r, c));
+    large.fill(0);
+    for by in 0..g8r {
+        for (tx, &s) in small[by * g8c..(by + 1) * g8c].iter().enumerate() {
+            large[(by / 4) * g32c + tx / 4] += s;
         }
     }
 }
@@ -260,11 +283,28 @@ mod tests {
                 a * b
             };
             let want = sums_from_columns(&cols, m, fields, &pixel_fields(r, c), &valid);
+            // Split into summers of 8-row bands, as decoding threads do.
             let mut got = vec![u32::MAX; fields * m];
-            let mut sums = FrameSums::new(r, c, &valid);
-            for t0 in (0..m).step_by(10) {
-                let k = 10.min(m - t0);
-                sums.add(&frames[t0 * p..(t0 + k) * p], t0, &mut got);
+            for r0 in (0..r).step_by(8) {
+                let rows = r0..(r0 + 8).min(r);
+                let mut sums = FrameSums::new(c, rows.clone(), &valid);
+                let tiles = sums.tiles();
+                let mut part = vec![u32::MAX; tiles * m];
+                for t0 in (0..m).step_by(10) {
+                    let k = 10.min(m - t0);
+                    let sub: Vec<u16> = (t0..t0 + k)
+                        .flat_map(|t| frames[t * p + r0 * c..t * p + rows.end * c].to_vec())
+                        .collect();
+                    sums.add(&sub, t0, &mut part);
+                }
+                let at = (r0 / 8) * c.div_ceil(8);
+                for t in 0..m {
+                    got[t * fields + at..t * fields + at + tiles]
+                        .copy_from_slice(&part[t * tiles..(t + 1) * tiles]);
+                }
+            }
+            for frame in got.chunks_exact_mut(fields) {
+                fill_large_tiles(r, c, frame);
             }
             let got: Vec<u64> = (0..fields * m)
                 .map(|i| u64::from(got[(i % m) * fields + i / m]))

@@ -186,53 +186,6 @@ impl<'a> StreamTable<'a> {
     }
 }
 
-impl StreamTable<'_> {
-    /// Decodes the `count` streams from `first` (`m` values each)
-    /// frame-major: value `t` of stream `first + j` goes to
-    /// `out[t * count + j]` (`out.len() == count * m`). Runs of
-    /// [`LOCKSTEP`] rANS streams are written there by the SIMD lanes
-    /// directly; other streams are decoded one by one and interleaved.
-    pub fn decode_rows(
-        &self,
-        first: usize,
-        count: usize,
-        m: usize,
-        out: &mut [u16],
-    ) -> Result<(), (usize, StreamFault)> {
-        assert_eq!(out.len(), count * m, "row output size");
-        if m == 0 {
-            return Ok(());
-        }
-        let simd = rans::simd_lanes();
-        let mut scratch = Vec::new();
-        let mut j0 = 0;
-        while j0 < count {
-            let k = LOCKSTEP.min(count - j0);
-            let group: [(u8, &[u8]); LOCKSTEP] =
-                std::array::from_fn(|j| self.stream(first + j0 + j.min(k - 1)));
-            let all_rans = k == LOCKSTEP
-                && group.iter().all(|&(sel, bytes)| {
-                    sel < RANS_TABLES && check_length(sel, bytes.len(), m, self.float).is_ok()
-                });
-            if simd && all_rans {
-                let ins = group.map(|(sel, bytes)| (usize::from(sel), bytes));
-                rans::decode_many_rows(ins, m, &mut out[j0..], count)
-                    .map_err(|(j, f)| (first + j0 + j, f))?;
-            } else {
-                scratch.resize(k * m, 0);
-                self.decode_streams(first + j0..first + j0 + k, m, &mut scratch)?;
-                for (j, col) in scratch.chunks_exact(m).enumerate() {
-                    for (t, &v) in col.iter().enumerate() {
-                        out[t * count + j0 + j] = v;
-                    }
-                }
-            }
-            j0 += k;
-        }
-        Ok(())
-    }
-}
-
 /// Streams decoded in lockstep by `StreamTable::decode_range` where
 /// SIMD lanes are available (else 4).
 pub const LOCKSTEP: usize = 16;

@@ -72,28 +72,25 @@ impl QemView {
                 .blocks()
                 .get(index)
                 .ok_or_else(|| self.decode_error(format!("no block {index}")))?;
-            let bytes = if codes {
-                let mut values = vec![0u16; info.frames * self.file.pixels()];
+            let decoded = if codes {
+                let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
                 self.file
-                    .decode_block_codes(index, &mut values)
-                    .map_err(|e| self.decode_error(e))?;
-                values.iter().flat_map(|v| v.to_le_bytes()).collect()
+                    .decode_block_codes_le(index, &mut out)
+                    .map(|()| out)
             } else {
-                let mut out = vec![0u8; info.decoded_bytes];
-                self.file
-                    .decode_block_into(index, &mut out)
-                    .map_err(|e| self.decode_error(e))?;
-                out
+                let mut out = RECYCLED.take(info.decoded_bytes);
+                self.file.decode_block_into(index, &mut out).map(|()| out)
             };
+            let bytes = decoded.map_err(|e| self.decode_error(e))?;
             if self.file.faults() != faults {
                 return Err(self.decode_error(mapguard::CHANGED));
             }
-            Ok(Arc::new(bytes))
+            Ok(RECYCLED.hand_out(bytes))
         })
     }
 
     /// Starts decoding block `index` in the background unless it is cached
-    /// or already being decoded.
+    /// or already being decoded (asked for by a read of block `index - 1`).
     fn prefetch(self: &Arc<Self>, index: usize, codes: bool) {
         if index >= self.file.blocks().len() {
             return;
@@ -114,6 +111,18 @@ impl QemView {
         let spawned = std::thread::Builder::new()
             .name("qemfs-prefetch".into())
             .spawn(move || {
+                // The block whose read asked for this one is gone when the
+                // container was closed (its blocks dropped) before this
+                // thread ran: a late prefetch must not load a closed
+                // view's block back into the cache.
+                let asked_by = index.checked_sub(1).map(|block| BlockKey {
+                    view: view.id,
+                    block,
+                    codes,
+                });
+                if asked_by.is_some_and(|k| !view.cache.is_present_or_loading(&k)) {
+                    return;
+                }
                 // A failure surfaces when a reader asks for the block itself.
                 let _ = view.block(index, codes);
             });
@@ -200,6 +209,75 @@ impl QemView {
             Some(Err(e)) => Err(self.decode_error(e)),
             _ => Ok(()),
         }
+    }
+}
+
+/// Decoded-block buffers, reused once the cache has let them go. A fresh
+/// block-sized buffer costs the kernel a page fault and a cleared page per
+/// 4 KiB when it is first written (in a sequential read of `data.npy`,
+/// about as much CPU as decoding the block); a reused one costs nothing.
+/// The cache holds `Arc`s; this list holds a second reference to the
+/// buffers most recently handed out, and one that only the list still holds
+/// (evicted, no reader left) is free for the next block. Every byte of a
+/// reused buffer is overwritten by the decode. At most [`SPARE_BYTES`] of
+/// free buffers are kept, so memory stays within the cache's budget plus
+/// that.
+struct Recycler {
+    handed: Mutex<std::collections::VecDeque<Arc<Vec<u8>>>>,
+}
+
+/// Buffers tracked (older ones are left to the cache alone).
+const TRACKED: usize = 256;
+/// Free buffers kept beyond those the cache holds.
+const SPARE_BYTES: usize = 64 << 20;
+
+/// One list for the process: the cache of a mount is shared by its files.
+static RECYCLED: Recycler = Recycler {
+    handed: Mutex::new(std::collections::VecDeque::new()),
+};
+
+impl Recycler {
+    /// A buffer of `len` bytes: a free one of about that size when there is
+    /// one, else a new one. Its contents are stale.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let mut reuse = None;
+        {
+            let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+            let mut spare = 0usize;
+            // Only this list holds a buffer whose count is 1, and no new
+            // reference to it can appear (there are no weak ones).
+            handed.retain(|b| {
+                if Arc::strong_count(b) > 1 {
+                    return true;
+                }
+                // Not much larger: the cache weighs a block by its length,
+                // so a small block in a large buffer would hide memory.
+                if reuse.is_none() && (len..=len + len / 4).contains(&b.capacity()) {
+                    reuse = Some(Arc::clone(b));
+                    return false;
+                }
+                spare += b.capacity();
+                spare <= SPARE_BYTES
+            });
+        }
+        match reuse.and_then(|b| Arc::try_unwrap(b).ok()) {
+            Some(mut v) => {
+                v.resize(len, 0);
+                v
+            }
+            None => vec![0u8; len],
+        }
+    }
+
+    /// `block`, shared, and remembered for reuse.
+    fn hand_out(&self, block: Vec<u8>) -> Arc<Vec<u8>> {
+        let block = Arc::new(block);
+        let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
+        handed.push_back(Arc::clone(&block));
+        if handed.len() > TRACKED {
+            handed.pop_front();
+        }
+        block
     }
 }
 
@@ -584,4 +662,53 @@ pub fn directory(
         ),
     ];
     Ok(Arc::new(StaticDir::new(entries).with_xattrs(xattrs)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recycler() -> Recycler {
+        Recycler {
+            handed: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// A buffer is reused only once nothing but the list holds it: never
+    /// while the cache or a reader still does (its bytes are being served).
+    #[test]
+    fn buffers_are_reused_only_when_let_go() {
+        let r = recycler();
+        let held = r.hand_out(vec![7u8; 1000]);
+        let fresh = r.take(1000);
+        assert_ne!(fresh.as_ptr(), held.as_ptr(), "a held buffer was reused");
+        assert_eq!(*held, vec![7u8; 1000]);
+        let at = held.as_ptr();
+        drop(held);
+        let reused = r.take(900);
+        assert_eq!((reused.as_ptr(), reused.len()), (at, 900));
+        // Too small, or much larger than asked (the cache would weigh it
+        // by the smaller length): left alone, and a new one made.
+        let small = r.hand_out(vec![0u8; 10]);
+        let large = r.hand_out(vec![0u8; 4000]);
+        let (small_at, large_at) = (small.as_ptr(), large.as_ptr());
+        drop((small, large));
+        let got = r.take(20);
+        assert_eq!(got.len(), 20);
+        assert!(got.as_ptr() != small_at && got.as_ptr() != large_at);
+        let again = r.take(3500);
+        assert_eq!(again.as_ptr(), large_at);
+    }
+
+    /// Free buffers beyond the spare allowance are released, not kept.
+    #[test]
+    fn spare_buffers_are_bounded() {
+        let r = recycler();
+        for _ in 0..8 {
+            drop(r.hand_out(vec![0u8; 16 << 20]));
+        }
+        let _ = r.take(1);
+        let kept: usize = r.handed.lock().unwrap().iter().map(|b| b.capacity()).sum();
+        assert!(kept <= SPARE_BYTES, "{kept} bytes of free buffers kept");
+    }
 }

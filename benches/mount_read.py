@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""The mount's read paths against `qem cat`, on one acquisition, in under a minute.
+
+    .venv/bin/python benches/mount_read.py FILE.qem [--cache-size 256] [--skip-dask]
+
+FILE.qem is any uint16 acquisition; the issue-18 one is written by
+`QEM_BENCH_FILE=/tmp/a.qem cargo bench --bench qem_decode -- 128`.
+Each figure starts from a fresh mount (an empty block cache; the source
+file stays in the page cache) and is printed with the load average, since
+the machine may be shared:
+
+1. `qem cat FILE data.npy > /dev/null`: the reference rate;
+2. `data.npy` read sequentially through the mount (4 MiB reads), cold;
+3. the first frame read after mounting (opening the container and
+   verifying its body checksums included), a frame of another block no
+   one has read (cold), then one frame again and again (warm: open + read
+   + close);
+4. every chunk of `data.zarr/data` read by 2 processes;
+5. the sum over the detector with Dask on a LocalCluster of 2 worker
+   processes, cold: the fresh cluster's first computation (which also pays
+   Dask's own start), then again on a fresh mount (the steady figure),
+   then again with the blocks cached, and the same sum computed by numpy
+   in this process over the chunks read from the mount (what the work
+   costs without Dask);
+with the daemon's peak RSS (VmHWM) for 4 and 5.
+
+Needs root and /dev/fuse.
+"""
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
+
+
+def load() -> str:
+    return "load " + " ".join(open("/proc/loadavg").read().split()[:3])
+
+
+def read_files(paths):
+    n = 0
+    for p in paths:
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                n += len(chunk)
+    return n
+
+
+class Mount:
+    def __init__(self, src: Path, cache_mib: int):
+        self.mnt = Path(tempfile.mkdtemp(prefix="qemfs-bench-"))
+        subprocess.run([BIN / "qemfs", "mount", src, self.mnt, "--cache-size", str(cache_mib)],
+                       check=True)
+        self.pid = int(os.getxattr(self.mnt, "user.qemfs.pid"))  # the daemon names itself
+
+    def hwm_mib(self) -> float:
+        for line in open(f"/proc/{self.pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def close(self):
+        subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
+        shutil.rmtree(self.mnt, ignore_errors=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("qem", type=Path)
+    p.add_argument("--cache-size", type=int, default=256, help="daemon cache budget, MiB")
+    p.add_argument("--skip-dask", action="store_true")
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="qemfs-mount-bench-"))
+    try:
+        src = work / "src"
+        src.mkdir()
+        qem = src / "scan.qem"
+        shutil.copy(args.qem, qem)
+        t = time.perf_counter()
+        with open(os.devnull, "wb") as null:
+            subprocess.run([BIN / "qem", "cat", qem, "data.npy"], stdout=null, check=True)
+        cat_s = time.perf_counter() - t
+        m = Mount(src, args.cache_size)
+        try:
+            shape = [int(x) for x in os.getxattr(m.mnt / "scan.qem", "user.qem.shape").split(b",")]
+        finally:
+            m.close()
+        dense = shape[0] * shape[1] * shape[2] * shape[3] * 2
+        print(f"acquisition {shape}, {dense / 1e6:.0f} MB dense, {qem.stat().st_size / 1e6:.1f} MB "
+              f"as .qem; {os.cpu_count()} cores")
+        print(f"qem cat data.npy > /dev/null: {cat_s:.3f} s, {dense / cat_s / 1e6:.0f} MB/s  [{load()}]")
+
+        m = Mount(src, args.cache_size)
+        try:
+            t = time.perf_counter()
+            n = read_files([m.mnt / "scan.qem" / "data.npy"])
+            s = time.perf_counter() - t
+            print(f"mount data.npy sequential, cold: {s:.3f} s, {n / s / 1e6:.0f} MB/s "
+                  f"({cat_s / s * 100:.0f}% of qem cat); daemon peak RSS {m.hwm_mib():.0f} MiB  "
+                  f"[{load()}]")
+        finally:
+            m.close()
+
+        m = Mount(src, args.cache_size)
+        try:
+            rows, cols = shape[0], shape[1]
+            w = lambda n: len(str(n - 1))  # noqa: E731
+            frame = lambda r, c: m.mnt / "scan.qem" / "frames" / f"{r:0{w(rows)}d}" / f"{c:0{w(cols)}d}.npy"  # noqa: E731
+            # First read after mounting: opens the container and verifies
+            # the body checksum block(s) it needs, then decodes the block.
+            path = frame(rows * 5 // 8, cols // 3)
+            t = time.perf_counter()
+            open(path, "rb").read()
+            first = time.perf_counter() - t
+            # Then a block no one has read, of the opened file.
+            t = time.perf_counter()
+            open(frame(rows // 8, cols // 2), "rb").read()
+            cold = time.perf_counter() - t
+            n = 2000
+            t = time.perf_counter()
+            for _ in range(n):
+                with open(path, "rb") as f:
+                    f.read()
+            warm = (time.perf_counter() - t) / n
+            print(f"one frame, first after mounting: {first * 1e3:.1f} ms; of a cold block: "
+                  f"{cold * 1e3:.1f} ms; warm (open+read+close): "
+                  f"{warm * 1e3:.3f} ms  [{load()}]")
+        finally:
+            m.close()
+
+        m = Mount(src, args.cache_size)
+        try:
+            chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
+            halves = [chunks[0::2], chunks[1::2]]
+            t = time.perf_counter()
+            with Pool(2) as pool:
+                n = sum(pool.map(read_files, halves))
+            chunks_s = time.perf_counter() - t
+            print(f"every data.zarr chunk, 2 processes: {chunks_s:.3f} s, {n / chunks_s / 1e6:.0f} MB/s "
+                  f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {len(chunks)} chunks; "
+                  f"daemon peak RSS {m.hwm_mib():.0f} MiB  [{load()}]")
+        finally:
+            m.close()
+        if args.skip_dask:
+            return
+
+        import dask.array as da
+        import zarr
+        from dask.distributed import Client, LocalCluster
+
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster, \
+                Client(cluster) as client:
+            # Workers import their libraries before the clock starts.
+            client.run(lambda: __import__("zarr") and __import__("numpy"))
+            first = None
+            # A fresh cluster's first computation also pays Dask's own
+            # start: timed apart, then the same sum again on a fresh mount
+            # (the block cache cold again) is the steady figure.
+            for trial in ("first", "steady"):
+                m = Mount(src, args.cache_size)
+                try:
+                    path = str(m.mnt / "scan.qem" / "data.zarr" / "data")
+                    array = zarr.open_array(path, mode="r", zarr_format=3)
+                    data = da.from_zarr(array)
+                    t = time.perf_counter()
+                    total = data.sum(axis=(2, 3), dtype=np.uint64).compute()
+                    cold = time.perf_counter() - t
+                    if trial == "first":
+                        first = cold
+                        continue
+                    t = time.perf_counter()
+                    again = data.sum(axis=(2, 3), dtype=np.uint64).compute()
+                    warm = time.perf_counter() - t
+                    assert (total == again).all() and total.shape == (shape[0], shape[1])
+                    hwm = m.hwm_mib()
+                    # The same sum without Dask: this process reads every
+                    # chunk through zarr (blocks now cached) and sums it.
+                    t = time.perf_counter()
+                    direct = np.zeros((shape[0], shape[1]), np.uint64)
+                    cs = array.chunks
+                    for i in range(0, shape[0], cs[0]):
+                        for j in range(0, shape[1], cs[1]):
+                            direct[i:i + cs[0], j:j + cs[1]] = array[i:i + cs[0], j:j + cs[1]].sum(
+                                axis=(2, 3), dtype=np.uint64)
+                    plain = time.perf_counter() - t
+                    assert (direct == total).all()
+                    print(f"Dask sum over the detector, 2 workers, cold blocks: first computation of a "
+                          f"fresh cluster {first:.3f} s; again on a fresh mount {cold:.3f} s "
+                          f"({cold / cat_s:.2f}x qem cat, {cold / chunks_s:.2f}x the chunk read); "
+                          f"blocks cached {warm:.3f} s; zarr + numpy in one process, blocks cached: "
+                          f"{plain:.3f} s; daemon peak RSS {hwm:.0f} MiB (budget {args.cache_size} MiB)  "
+                          f"[{load()}]")
+                finally:
+                    m.close()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
