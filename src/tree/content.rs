@@ -21,6 +21,13 @@ pub trait Content: Send + Sync {
     fn is_passthrough(&self) -> bool {
         false
     }
+
+    /// Called when a handle is opened on this content: a source file
+    /// passed through is opened now, so that the handle reads the file it
+    /// opened even if another is renamed over it before the first read.
+    fn pin(&self) -> Result<(), TreeError> {
+        Ok(())
+    }
 }
 
 /// Copies the part of `bytes` at `offset` into `buf`.
@@ -138,6 +145,21 @@ impl Passthrough {
     }
 }
 
+impl Passthrough {
+    /// The source file, opened on first use (a stat does not open it).
+    fn file(&self) -> Result<&File, TreeError> {
+        // Only a regular file (see crate::regular_file): a FIFO or device
+        // swapped in after lookup must not block the worker reading it.
+        let file = self
+            .file
+            .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));
+        file.as_ref().map_err(|e| TreeError::Io {
+            path: self.path.clone(),
+            reason: e.clone(),
+        })
+    }
+}
+
 impl Content for Passthrough {
     fn size(&self) -> u64 {
         self.size
@@ -147,19 +169,15 @@ impl Content for Passthrough {
         true
     }
 
+    fn pin(&self) -> Result<(), TreeError> {
+        self.file().map(|_| ())
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
         if offset >= self.size {
             return Ok(0);
         }
-        // Only a regular file (see crate::regular_file): a FIFO or device
-        // swapped in after lookup must not block the worker reading it.
-        let file = self
-            .file
-            .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));
-        let file = file.as_ref().map_err(|e| TreeError::Io {
-            path: self.path.clone(),
-            reason: e.clone(),
-        })?;
+        let file = self.file()?;
         let want = buf.len().min((self.size - offset) as usize);
         let mut done = 0;
         while done < want {
