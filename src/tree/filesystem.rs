@@ -17,11 +17,11 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use super::{Attr, Content, Node, Tree, TreeError};
+use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// How long the kernel may trust names and attributes. Short, so that a
 /// changed source file shows up quickly; contents are immutable per
@@ -247,12 +247,6 @@ fn join(parent: &str, name: &str) -> String {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every update of the tables is complete before the next begins, so
-    // a poisoned lock still guards consistent tables.
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// An open file: what its handle reads from. Kept whole for as long as the
 /// handle is open, so that a source replaced meanwhile is never mixed in.
 pub struct OpenFile {
@@ -474,7 +468,15 @@ impl Filesystem {
                     let child = join(path, &name);
                     let ino = match inodes.by_path.get(&child) {
                         Some(&ino) if !numbered => ino,
-                        _ if numbered => inodes.ino_of(&child, attr.mtime),
+                        _ if numbered => {
+                            // Listed until the reply is made, so that a
+                            // FORGET of the same number meanwhile cannot
+                            // drop it before the kernel's reference is
+                            // counted (found by the shuttle test).
+                            let ino = inodes.ino_of(&child, attr.mtime);
+                            inodes.listed(ino);
+                            ino
+                        }
                         _ => shown_only(&child),
                     };
                     out.push((start + k + 2, ino, attr, name));
@@ -503,8 +505,7 @@ impl Filesystem {
         let offset = usize::try_from(offset).unwrap_or(usize::MAX);
         let entries = self.page(&listing, offset, plus)?;
         let mut taken = Vec::new();
-        let mut full_at = entries.len();
-        for (k, (i, ino, attr, name)) in entries.iter().enumerate() {
+        for (i, ino, attr, name) in &entries {
             let entry = DirEntry {
                 next_offset: (i + 1) as u64,
                 ino: *ino,
@@ -512,7 +513,6 @@ impl Filesystem {
                 name: name.clone(),
             };
             if add(&entry) {
-                full_at = k;
                 break;
             }
             if *i >= 2 {
@@ -524,12 +524,13 @@ impl Filesystem {
             for ino in taken {
                 inodes.referenced(ino);
             }
-            // Numbers made for the part of a page the reply had no room
-            // for (a snapshot keeps its numbers until releasedir).
+            // A page's numbers are listed only while its reply is made:
+            // those the reply had no room for go now (a snapshot keeps its
+            // numbers until releasedir).
             if matches!(*listing, DirListing::Paged { .. }) {
-                for (i, ino, _, _) in &entries[full_at..] {
+                for (i, ino, _, _) in &entries {
                     if *i >= 2 {
-                        inodes.drop_unreferenced(*ino);
+                        inodes.unlisted(*ino);
                     }
                 }
             }
@@ -655,5 +656,113 @@ mod tests {
         );
         t.unlisted(y);
         assert!(!t.by_ino.contains_key(&y));
+    }
+}
+
+/// The tables under randomised thread schedules (`shuttle`): the kernel
+/// sends lookups, listings and forgets of the same paths from many
+/// threads at once.
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests {
+    use super::*;
+    use crate::tree::TreeOptions;
+    use shuttle::thread;
+    use std::path::Path;
+
+    fn source() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), b"alpha\n").unwrap();
+        std::fs::write(dir.path().join("b.txt"), b"beta\n").unwrap();
+        std::fs::copy(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/fixtures/conformance/qem/u8-mixed-13x7.qem"),
+            dir.path().join("c.qem"),
+        )
+        .unwrap();
+        dir
+    }
+
+    /// Every entry readdirplus hands out, read whole: the numbers the
+    /// kernel now holds.
+    fn list_plus(fs: &Filesystem, ino: u64) -> Vec<u64> {
+        let dh = fs.opendir(ino).unwrap();
+        let mut taken = Vec::new();
+        let mut offset = 0;
+        loop {
+            let mut page = Vec::new();
+            fs.readdir(dh, offset, true, |e| {
+                page.push(e.clone());
+                false
+            })
+            .unwrap();
+            let Some(last) = page.last() else { break };
+            offset = last.next_offset;
+            taken.extend(
+                page.iter()
+                    .filter(|e| e.name != "." && e.name != "..")
+                    .map(|e| e.ino),
+            );
+        }
+        fs.releasedir(dh);
+        taken
+    }
+
+    #[test]
+    fn shuttle_numbers_held_by_the_kernel_stay_known() {
+        let dir = source();
+        let root = dir.path().to_path_buf();
+        shuttle::check_random(
+            move || {
+                let tree = Arc::new(Tree::new(&root, &TreeOptions::default()));
+                let fs = Arc::new(Filesystem::new(tree, Vec::new()));
+                // The container is opened once before the threads start:
+                // its opening is the tree's, not under test here.
+                let (c, _) = fs.lookup(ROOT, OsStr::new("c.qem")).unwrap();
+                let mut threads = Vec::new();
+                // A listing of the container, with attributes...
+                let f = Arc::clone(&fs);
+                threads.push(thread::spawn(move || {
+                    for ino in list_plus(&f, c) {
+                        f.getattr(ino).expect("a number readdirplus handed out");
+                        f.forget(ino, 1);
+                    }
+                }));
+                // ... a listing of the root ...
+                let f = Arc::clone(&fs);
+                threads.push(thread::spawn(move || {
+                    for ino in list_plus(&f, ROOT) {
+                        f.getattr(ino).expect("a number readdirplus handed out");
+                        f.forget(ino, 1);
+                    }
+                }));
+                // ... and lookups and forgets of the same entries.
+                for name in ["info.json", "header.json"] {
+                    let f = Arc::clone(&fs);
+                    threads.push(thread::spawn(move || {
+                        for _ in 0..2 {
+                            let (ino, _) = f.lookup(c, OsStr::new(name)).unwrap();
+                            f.getattr(ino).expect("a number lookup handed out");
+                            let fh = f.open(ino, true).unwrap();
+                            assert!(!f.file(fh).unwrap().read(0, 64).unwrap().is_empty());
+                            f.release(fh);
+                            f.forget(ino, 1);
+                        }
+                    }));
+                }
+                let f = Arc::clone(&fs);
+                threads.push(thread::spawn(move || {
+                    let (ino, _) = f.lookup(ROOT, OsStr::new("a.txt")).unwrap();
+                    f.getattr(ino).expect("a number lookup handed out");
+                    f.forget(ino, 1);
+                }));
+                for t in threads {
+                    t.join().unwrap();
+                }
+                fs.forget(c, 1);
+                assert_eq!(fs.inode_count(), 1, "every reference given back");
+                assert_eq!(fs.handle_count(), 0);
+            },
+            1000,
+        );
     }
 }
