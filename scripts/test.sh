@@ -25,6 +25,9 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps -p qemfs-fuse
 RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace --exclude qemfs-fuse
 cargo test --workspace --release
+# Randomised thread schedules (shuttle) for the single-flight computation and
+# the filesystem's tables: their locks are shuttle's only in this build.
+cargo test --release -p qemfs --features shuttle --lib shuttle
 # The optional CUDA backend builds, and without a driver fails cleanly.
 cargo test --release -p qemfs-gpu --features cuda
 # The field's own Python clients against the binaries just built.

@@ -15,5 +15,6 @@ pub mod qem;
 pub mod reduce;
 pub mod regular_file;
 pub mod semq;
+pub(crate) mod sync;
 pub mod tree;
 pub mod zarr;

@@ -4,32 +4,78 @@
 use clap::{Arg, Command, CommandFactory};
 use std::io::Write;
 
-/// Every man page of both tools: `(file name, roff text)`. One page per
-/// tool and one per subcommand (`qem-show.1`, ...), as git does.
+/// Every man page of `qem` and `semq`: `(file name, roff text)`. (`qemfs`
+/// renders its own with [`render_tool`]: this crate cannot see its CLI.)
 pub fn render_all() -> Vec<(String, Vec<u8>)> {
+    let mut pages = render_tool(crate::qem_args::Cli::command());
+    pages.extend(render_tool(crate::semq_args::Cli::command()));
+    pages
+}
+
+/// The man pages of one tool: one for the tool and one per subcommand
+/// (`qem-show.1`, ...), as git does; hidden subcommands get none.
+pub fn render_tool(command: Command) -> Vec<(String, Vec<u8>)> {
     let mut pages = Vec::new();
-    for command in [
-        crate::qem_args::Cli::command(),
-        crate::semq_args::Cli::command(),
-    ] {
-        let mut command = command.version(env!("CARGO_PKG_VERSION"));
-        // Built, the command has its `help` subcommand, which the tool's page
-        // lists: it gets a page too.
-        command.build();
-        let name = command.get_name().to_string();
-        pages.push((format!("{name}.1"), render(&command)));
-        for sub in command.get_subcommands() {
-            let full = format!("{name}-{}", sub.get_name());
-            let sub = if sub.get_name() == "help" {
-                help_page(sub, &name)
-            } else {
-                sub.clone()
-            };
-            let sub = sub.name(full.clone()).version(env!("CARGO_PKG_VERSION"));
-            pages.push((format!("{full}.1"), render(&sub)));
-        }
+    let mut command = command.version(env!("CARGO_PKG_VERSION"));
+    // Built, the command has its `help` subcommand, which the tool's page
+    // lists: it gets a page too.
+    command.build();
+    let name = command.get_name().to_string();
+    pages.push((format!("{name}.1"), render(&command)));
+    for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
+        let full = format!("{name}-{}", sub.get_name());
+        let sub = if sub.get_name() == "help" {
+            help_page(sub, &name)
+        } else {
+            sub.clone()
+        };
+        let sub = sub.name(full.clone()).version(env!("CARGO_PKG_VERSION"));
+        pages.push((format!("{full}.1"), render(&sub)));
     }
     pages
+}
+
+/// Compares `pages` with the files of `dir` that `owned` claims (its
+/// tool's: other tools' pages share the folder), first rewriting them when
+/// `QEMFS_UPDATE_MAN` is set. The error names what is stale.
+pub fn check_pages(
+    dir: &std::path::Path,
+    pages: &[(String, Vec<u8>)],
+    owned: impl Fn(&str) -> bool,
+) -> Result<(), String> {
+    let owned_files = || -> Vec<std::path::PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(&owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    if std::env::var_os("QEMFS_UPDATE_MAN").is_some() {
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        for old in owned_files() {
+            std::fs::remove_file(old).map_err(|e| e.to_string())?;
+        }
+        for (name, text) in pages {
+            std::fs::write(dir.join(name), text).map_err(|e| e.to_string())?;
+        }
+    }
+    let stale: Vec<&str> = pages
+        .iter()
+        .filter(|(name, text)| std::fs::read(dir.join(name)).ok().as_ref() != Some(text))
+        .map(|(name, _)| name.as_str())
+        .collect();
+    let listed = owned_files().len();
+    if stale.is_empty() && listed == pages.len() {
+        return Ok(());
+    }
+    Err(format!(
+        "man pages are stale or missing ({stale:?}; {listed} files for {} pages); \
+         regenerate with QEMFS_UPDATE_MAN=1 and the test that failed",
+        pages.len()
+    ))
 }
 
 /// clap's `help` subcommand holds a copy of every subcommand; its page

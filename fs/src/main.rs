@@ -56,6 +56,8 @@ enum Cmd {
         /// The mount point
         mountpoint: PathBuf,
     },
+    /// Print a shell completion script
+    Completions(qemfs_cmds::qem_args::CompletionsArgs),
     /// Internal: the detached daemon, given the parsed options as JSON
     #[command(hide = true)]
     Daemon {
@@ -88,8 +90,8 @@ struct MountArgs {
     /// Byte budget of the decoded-block cache, in MiB
     #[arg(long, default_value = "1024", value_name = "MiB", value_parser = at_least_one)]
     cache_size: usize,
-    /// Threads answering reads
-    #[arg(long, default_value_t = default_workers(), value_parser = at_least_one)]
+    /// Threads answering reads (default: twice the number of CPUs)
+    #[arg(long, default_value_t = default_workers(), hide_default_value = true, value_parser = at_least_one)]
     workers: usize,
     /// Containers kept open (mapped, headers parsed); the least recently
     /// used beyond this are closed until looked up again
@@ -149,6 +151,7 @@ fn main() -> ExitCode {
         Cmd::Mount(args) if args.foreground => run_daemon(&args, None),
         Cmd::Mount(args) => start_daemon(*args),
         Cmd::Unmount { mountpoint } => unmount(&mountpoint),
+        Cmd::Completions(a) => completions(&a),
         Cmd::Daemon { spec } => match serde_json::from_str::<DaemonSpec>(&spec) {
             Ok(spec) => run_daemon(&spec.mount, Some(spec.ready_fd)),
             Err(e) => Err(format!("daemon options: {e}")),
@@ -160,6 +163,19 @@ fn main() -> ExitCode {
             eprintln!("error: {message}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Prints the completion script; a reader that closes the pipe early
+/// ends it quietly.
+fn completions(args: &qemfs_cmds::qem_args::CompletionsArgs) -> Result<(), String> {
+    use clap::CommandFactory;
+    let mut out = qemfs_cmds::out::Stdout::new();
+    match qemfs_cmds::manpages::completions(Cli::command(), args.shell, &mut out)
+        .and_then(|()| out.done())
+    {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
+        _ => Ok(()),
     }
 }
 
@@ -536,4 +552,23 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
     }
     log("stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `qemfs`'s man pages in man/ are generated from its clap
+    /// definitions; this fails when they are stale. Regenerate with
+    /// `QEMFS_UPDATE_MAN=1 cargo test -p qemfs-fuse --bin qemfs man_pages`.
+    #[test]
+    fn man_pages_are_current() {
+        use clap::CommandFactory;
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../man");
+        let pages = qemfs_cmds::manpages::render_tool(Cli::command());
+        let ours = |name: &str| name == "qemfs.1" || name.starts_with("qemfs-");
+        if let Err(e) = qemfs_cmds::manpages::check_pages(&dir, &pages, ours) {
+            panic!("{e}");
+        }
+    }
 }

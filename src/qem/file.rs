@@ -6,6 +6,7 @@
 //! per opened file and its verdict remembered.
 
 use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -26,21 +27,22 @@ use super::spatial::{self, Tile};
 use super::stream::StreamTable;
 
 enum Source {
-    Mapped(Mapping),
+    /// A mapped file, and its (device, inode) when opened.
+    Mapped(Mapping, (u64, u64)),
     Owned(Vec<u8>),
 }
 
 impl Source {
     fn faults(&self) -> u64 {
         match self {
-            Source::Mapped(m) => m.faults(),
+            Source::Mapped(m, _) => m.faults(),
             Source::Owned(_) => 0,
         }
     }
 
     fn bytes(&self) -> &[u8] {
         match self {
-            Source::Mapped(m) => m,
+            Source::Mapped(m, _) => m,
             Source::Owned(v) => v,
         }
     }
@@ -147,7 +149,11 @@ impl QemFile {
         // access: `mapguard` (when installed) turns that into zeros and a
         // fault count its callers check; the format's writers never modify
         // a published file in place.
-        Self::from_source(Source::Mapped(Mapping::map(&file)?))
+        let meta = file.metadata()?;
+        Self::from_source(Source::Mapped(
+            Mapping::map(&file)?,
+            (meta.dev(), meta.ino()),
+        ))
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).
@@ -253,6 +259,23 @@ impl QemFile {
 
     pub fn file_bytes(&self) -> usize {
         self.source.bytes().len()
+    }
+
+    /// SHA-256 of the whole file as opened, lowercase hex: of the mapping,
+    /// not of what `path` names now, since a file renamed over this one is
+    /// another file. `None` when this file is known to have changed: its
+    /// mapping faulted, or `path` still names it and it is shorter now
+    /// (bytes past a new end inside the last page read as zeros, with no
+    /// fault to count).
+    pub fn file_sha256_hex(&self, path: &Path) -> Option<String> {
+        let before = self.faults();
+        let digest = hex(&Sha256::digest(self.source.bytes()));
+        let shorter = match &self.source {
+            Source::Mapped(_, id) => std::fs::metadata(path)
+                .is_ok_and(|m| (m.dev(), m.ino()) == *id && m.len() < self.file_bytes() as u64),
+            Source::Owned(_) => false,
+        };
+        (self.faults() == before && !shorter).then_some(digest)
     }
     pub fn header_bytes(&self) -> usize {
         self.envelope.header_len

@@ -4,7 +4,9 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
+
+use crate::sync::{lock, Mutex};
 
 use super::TreeError;
 
@@ -20,6 +22,13 @@ pub trait Content: Send + Sync {
     /// A source file served as it is (keeps its execute bits).
     fn is_passthrough(&self) -> bool {
         false
+    }
+
+    /// Called when a handle is opened on this content: a source file
+    /// passed through is opened now, so that the handle reads the file it
+    /// opened even if another is renamed over it before the first read.
+    fn pin(&self) -> Result<(), TreeError> {
+        Ok(())
     }
 }
 
@@ -65,7 +74,7 @@ type Producer = Box<dyn Fn() -> Result<Vec<u8>, TreeError> + Send + Sync>;
 pub struct Lazy {
     size: u64,
     produce: Producer,
-    value: OnceLock<Arc<[u8]>>,
+    value: Mutex<Option<Arc<[u8]>>>,
     /// Held while computing, so that concurrent first readers wait for one
     /// computation instead of each running their own.
     computing: Mutex<()>,
@@ -79,17 +88,17 @@ impl Lazy {
         Lazy {
             size,
             produce: Box::new(produce),
-            value: OnceLock::new(),
+            value: Mutex::new(None),
             computing: Mutex::new(()),
         }
     }
 
-    fn bytes(&self) -> Result<&Arc<[u8]>, TreeError> {
-        if let Some(v) = self.value.get() {
+    fn bytes(&self) -> Result<Arc<[u8]>, TreeError> {
+        if let Some(v) = lock(&self.value).clone() {
             return Ok(v);
         }
-        let _one = self.computing.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = self.value.get() {
+        let _one = lock(&self.computing);
+        if let Some(v) = lock(&self.value).clone() {
             return Ok(v);
         }
         // A producer that reads a mapping checks that mapping's own fault
@@ -104,7 +113,9 @@ impl Lazy {
                 self.size
             )));
         }
-        Ok(self.value.get_or_init(|| Arc::from(bytes)))
+        let bytes: Arc<[u8]> = Arc::from(bytes);
+        *lock(&self.value) = Some(Arc::clone(&bytes));
+        Ok(bytes)
     }
 }
 
@@ -117,7 +128,7 @@ impl Content for Lazy {
         if offset >= self.size {
             return Ok(0);
         }
-        Ok(copy_range(self.bytes()?, offset, buf))
+        Ok(copy_range(&self.bytes()?, offset, buf))
     }
 }
 
@@ -138,6 +149,21 @@ impl Passthrough {
     }
 }
 
+impl Passthrough {
+    /// The source file, opened on first use (a stat does not open it).
+    fn file(&self) -> Result<&File, TreeError> {
+        // Only a regular file (see crate::regular_file): a FIFO or device
+        // swapped in after lookup must not block the worker reading it.
+        let file = self
+            .file
+            .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));
+        file.as_ref().map_err(|e| TreeError::Io {
+            path: self.path.clone(),
+            reason: e.clone(),
+        })
+    }
+}
+
 impl Content for Passthrough {
     fn size(&self) -> u64 {
         self.size
@@ -147,19 +173,15 @@ impl Content for Passthrough {
         true
     }
 
+    fn pin(&self) -> Result<(), TreeError> {
+        self.file().map(|_| ())
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
         if offset >= self.size {
             return Ok(0);
         }
-        // Only a regular file (see crate::regular_file): a FIFO or device
-        // swapped in after lookup must not block the worker reading it.
-        let file = self
-            .file
-            .get_or_init(|| crate::regular_file::open(&self.path).map_err(|e| e.to_string()));
-        let file = file.as_ref().map_err(|e| TreeError::Io {
-            path: self.path.clone(),
-            reason: e.clone(),
-        })?;
+        let file = self.file()?;
         let want = buf.len().min((self.size - offset) as usize);
         let mut done = 0;
         while done < want {
@@ -223,5 +245,54 @@ mod tests {
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
         let wrong = Lazy::new(2, || Ok(b"abc".to_vec()));
         assert!(read_all(&wrong).is_err());
+    }
+}
+
+/// The single-flight computation under randomised thread schedules
+/// (`shuttle`).
+#[cfg(all(test, feature = "shuttle"))]
+mod shuttle_tests {
+    use super::*;
+    use shuttle::thread;
+
+    #[test]
+    fn shuttle_first_readers_share_one_computation_and_a_failure_is_retried() {
+        shuttle::check_random(
+            || {
+                let calls = Arc::new(Mutex::new(0usize));
+                let c = Arc::clone(&calls);
+                // The first computation fails (a source being replaced),
+                // the later ones succeed.
+                let lazy = Arc::new(Lazy::new(3, move || {
+                    let mut n = lock(&c);
+                    *n += 1;
+                    if *n == 1 {
+                        Err(TreeError::SourceChanged)
+                    } else {
+                        Ok(b"abc".to_vec())
+                    }
+                }));
+                let readers: Vec<_> = (0..3)
+                    .map(|_| {
+                        let lazy = Arc::clone(&lazy);
+                        thread::spawn(move || read_all(lazy.as_ref()))
+                    })
+                    .collect();
+                let results: Vec<_> = readers.into_iter().map(|t| t.join().unwrap()).collect();
+                let failed = results.iter().filter(|r| r.is_err()).count();
+                assert!(
+                    failed <= 1,
+                    "a failure reaches only the reader that computed it"
+                );
+                assert!(results.iter().flatten().all(|b| b == b"abc"));
+                assert!(
+                    *lock(&calls) <= 2,
+                    "one failed computation, one that is kept"
+                );
+                assert_eq!(read_all(lazy.as_ref()).unwrap(), b"abc");
+                assert!(*lock(&calls) <= 2);
+            },
+            1000,
+        );
     }
 }

@@ -19,6 +19,7 @@
 //! shown (symbolic links, the mount point itself) is decided in `source`.
 
 pub mod content;
+pub mod filesystem;
 mod qem_view;
 mod semq_view;
 pub mod source;

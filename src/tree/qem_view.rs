@@ -13,7 +13,6 @@ use std::sync::{Arc, Mutex};
 use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::mapguard;
 use crate::npy::{self, DType};
-use crate::qem::checksum;
 use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
@@ -523,14 +522,14 @@ pub fn directory(
             &*accelerator,
         ))))),
     );
-    let source_path = source.to_path_buf();
+    let (v, source_path) = (Arc::clone(&view), source.to_path_buf());
     entries.insert(
         "sha256".into(),
         Entry::File(Arc::new(Lazy::new(65, move || {
-            let digest = checksum::sha256_file_hex(&source_path).map_err(|e| TreeError::Io {
-                path: source_path.clone(),
-                reason: e.to_string(),
-            })?;
+            let digest = v
+                .file
+                .file_sha256_hex(&source_path)
+                .ok_or(TreeError::SourceChanged)?;
             Ok(format!("{digest}\n").into_bytes())
         }))),
     );
