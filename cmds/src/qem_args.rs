@@ -217,8 +217,10 @@ pub struct ConvertArgs {
     /// Decoded MiB per shard file of a written .zarr store (v3
     /// sharding_indexed: inner chunks of one block each, compressed as
     /// --zarr-compression says, grouped in whole scan rows); 0 writes one
-    /// file per chunk
-    #[arg(long, value_name = "MIB", default_value_t = qemfs::zarr::shard::DEFAULT_SHARD_MIB)]
+    /// file per chunk. Writing holds about two shards per core in memory,
+    /// hence the bound
+    #[arg(long, value_name = "MIB", default_value_t = qemfs::zarr::shard::DEFAULT_SHARD_MIB,
+          value_parser = clap::value_parser!(u64).range(0..=4096))]
     pub zarr_shard_mib: u64,
     /// Compression of a written .emd / .h5 file's chunks (standard HDF5
     /// filters every reader has)
