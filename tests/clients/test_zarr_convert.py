@@ -295,3 +295,15 @@ def test_a_truncated_shard_is_refused_naming_it(tmp_path):
     shard = store / "data" / "c" / "1" / "0" / "0" / "0"
     shard.write_bytes(shard.read_bytes()[:-100])
     refused(tmp_path, store, "shard", "c/1/0/0/0")
+
+
+def test_by_default_small_chunks_share_a_shard_file(tmp_path):
+    rng = np.random.default_rng(9)
+    array = rng.integers(0, 900, size=(32, 32, 32, 32)).astype(np.uint16)
+    source = npy_to_qem(tmp_path, array, 64)  # 16 chunks of 128 KiB
+    store = tmp_path / "default.zarr"
+    run("qem", "convert", source, store)
+    data = zarr.open_group(str(store), mode="r")["data"]
+    assert data.chunks == (2, 32, 32, 32) and data.shards == (32, 32, 32, 32)
+    assert len(stored_files(store / "data")) == 1
+    assert data[:].tobytes() == array.tobytes()
