@@ -73,6 +73,7 @@ pub enum Command {
   qem convert scan.qem scan.npy
   qem convert scan.qem scan.tiff --masked                         # Fiji hyperstack
   qem convert scan.qem scan.zarr && qem convert scan.zarr back.qem
+  qem convert scan.qem scan.zarr --zarr-shard-mib 0                # one file per chunk, no shards
   qem convert scan.qem scan.emd --hdf5-compression gzip          # py4DSTEM DataCube, hyperspy
   qem convert scan.emd back.qem                                   # EMD: no dataset path needed
   qem convert scan.qem scan.raw                                   # prints its --shape and --dtype")]
@@ -213,6 +214,14 @@ pub struct ConvertArgs {
     /// Compression of a written .zarr store's chunks
     #[arg(long, value_enum, default_value = "blosc-zstd", value_name = "CODEC")]
     pub zarr_compression: ZarrCompression,
+    /// Decoded MiB per shard file of a written .zarr store (v3
+    /// sharding_indexed: inner chunks of one block each, compressed as
+    /// --zarr-compression says, grouped in whole scan rows); 0 writes one
+    /// file per chunk. Writing holds about two shards per core in memory,
+    /// hence the bound
+    #[arg(long, value_name = "MIB", default_value_t = qemfs::zarr::shard::DEFAULT_SHARD_MIB,
+          value_parser = clap::value_parser!(u64).range(0..=4096))]
+    pub zarr_shard_mib: u64,
     /// Compression of a written .emd / .h5 file's chunks (standard HDF5
     /// filters every reader has)
     #[arg(long, value_enum, default_value = "none", value_name = "CODEC")]

@@ -159,6 +159,10 @@ pub struct Options {
     pub metadata: MetadataOptions,
     /// Chunk compression of a written Zarr store.
     pub zarr_compression: crate::zarr::store::Compression,
+    /// Decoded MiB per shard of a written Zarr store; `Some(0)` writes one
+    /// file per chunk, `None` the default
+    /// ([`crate::zarr::shard::DEFAULT_SHARD_MIB`]).
+    pub zarr_shard_mib: Option<u64>,
     /// Chunk compression of a written EMD / HDF5 file.
     pub hdf5_compression: Hdf5Compression,
     /// Exports (`.npy`, `.tiff`, `.emd`, `.raw`): write the pixels the
@@ -352,6 +356,10 @@ fn qem_to_zarr(
         output,
         overwrite,
         options.zarr_compression,
+        options
+            .zarr_shard_mib
+            .unwrap_or(crate::zarr::shard::DEFAULT_SHARD_MIB)
+            .saturating_mul(1 << 20),
         &|bytes| {
             done.fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         },

@@ -4,7 +4,9 @@
 //! [`layout`] holds the rules both share: dimension names, the chunk shape
 //! that follows the file's blocks, the attributes (calibration, identities)
 //! and the coordinate arrays. [`store`] writes a compressed Zarr v3 store
-//! from a `.qem` file and reads Zarr v2/v3 arrays back, through `zarrs`.
+//! from a `.qem` file and reads Zarr v2/v3 arrays back, through `zarrs`;
+//! [`shard`] sizes the shards of the stores it writes.
 
 pub mod layout;
+pub mod shard;
 pub mod store;

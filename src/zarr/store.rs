@@ -17,11 +17,14 @@ use zarrs::array::codec::api::BytesToBytesCodecTraits;
 use zarrs::array::codec::{
     BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ZstdCodec,
 };
-use zarrs::array::{data_type, Array, ArrayBuilder, ArrayBytes, ArraySubset, DataType};
+use zarrs::array::{
+    data_type, Array, ArrayBuilder, ArrayBytes, ArrayShardedExt, ArraySubset, DataType,
+};
 use zarrs::filesystem::FilesystemStore;
 use zarrs::group::{Group, GroupBuilder};
 
 use super::layout::{self, DIMENSIONS};
+use super::shard;
 use crate::publish::{AtomicDir, Overwrite};
 use crate::qem::write::{Content, CountDtype, WriteSpec, RESERVED};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -84,6 +87,8 @@ impl Compression {
 pub struct StoreSummary {
     /// Decoded bytes of `data` (and `codes`) written.
     pub dense_bytes: u64,
+    /// Files of `data` (and `codes`) written: shards, or chunks when
+    /// unsharded.
     pub chunks: u64,
 }
 
@@ -115,6 +120,8 @@ struct ArraySpec<'a> {
     name: &'a str,
     shape: Vec<u64>,
     chunks: Vec<u64>,
+    /// The inner chunk shape when `chunks` is a shard shape.
+    subchunks: Option<Vec<u64>>,
     dtype: DataType,
     codecs: Vec<Arc<dyn BytesToBytesCodecTraits>>,
     dimensions: &'a [&'a str],
@@ -130,6 +137,7 @@ fn build_array(
         name,
         shape,
         chunks,
+        subchunks,
         dtype,
         codecs,
         dimensions,
@@ -146,7 +154,11 @@ fn build_array(
     } else {
         0u8.into()
     };
-    let array = ArrayBuilder::new(shape, chunks, dtype, fill)
+    let mut builder = ArrayBuilder::new(shape, chunks, dtype, fill);
+    // With a subchunk shape zarrs writes `sharding_indexed`, the codecs
+    // applying to each inner chunk (and a crc32c-checked index at the end).
+    builder.subchunk_shape(subchunks);
+    let array = builder
         .bytes_to_bytes_codecs(codecs)
         .dimension_names(Some(dimensions.to_vec()))
         .attributes(attributes)
@@ -183,46 +195,99 @@ fn frames_bytes(file: &QemFile, frames: Range<usize>, codes: bool) -> Result<Vec
     Ok(out)
 }
 
-/// Writes the chunks of one 4-D array; each chunk is one contiguous run of
-/// frames (whole scan rows, or part of one), padded past the scan's edge.
+/// The chunk grid of a written 4-D array: the inner chunk shape (one
+/// block's worth of frames, [`layout::chunk_shape`]) and, when sharded,
+/// the shard shape.
+#[derive(Debug, Clone, Copy)]
+struct Grid {
+    chunk: [usize; 4],
+    shard: Option<[usize; 4]>,
+}
+
+impl Grid {
+    fn of(file: &QemFile, shard_bytes: u64) -> Grid {
+        let chunk = layout::chunk_shape(file);
+        let [rows, columns, dr, dc] = file.shape();
+        let frame_bytes = file.pixels() * file.decoded_dtype().size();
+        let shard = shard::scan_shard(
+            rows,
+            columns,
+            [chunk[0], chunk[1]],
+            frame_bytes,
+            shard_bytes,
+        )
+        .map(|[r, c]| [r, c, dr, dc]);
+        Grid { chunk, shard }
+    }
+
+    /// The shape of one stored file: the shard, or the chunk.
+    fn stored(&self) -> [usize; 4] {
+        self.shard.unwrap_or(self.chunk)
+    }
+}
+
+/// Writes the stored objects (shards, or chunks when unsharded) of one 4-D
+/// array. Every stored object holds one contiguous run of frames (whole
+/// scan rows, or part of one, see [`shard::scan_shard`] and
+/// [`layout::scan_chunk`]), laid out in its scan rows and padded past the
+/// scan's edge.
 fn write_dense(
     file: &QemFile,
     array: &Array<Store>,
+    grid: Grid,
     root: &Path,
     codes: bool,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<u64, ZarrError> {
     let [rows, columns, ..] = file.shape();
-    let [chunk_rows, chunk_columns, ..] = layout::chunk_shape(file);
+    let [object_rows, object_columns, ..] = grid.stored();
     let element = if codes {
         2
     } else {
         file.decoded_dtype().size()
     };
     let frame_bytes = file.pixels() * element;
-    let grid = [rows.div_ceil(chunk_rows), columns.div_ceil(chunk_columns)];
-    let indices: Vec<[usize; 2]> = (0..grid[0])
-        .flat_map(|i| (0..grid[1]).map(move |j| [i, j]))
+    let counts = [rows.div_ceil(object_rows), columns.div_ceil(object_columns)];
+    let indices: Vec<[usize; 2]> = (0..counts[0])
+        .flat_map(|i| (0..counts[1]).map(move |j| [i, j]))
         .collect();
+    let what = if grid.shard.is_some() {
+        "shard"
+    } else {
+        "chunk"
+    };
     indices.par_iter().try_for_each(|&[i, j]| {
-        let row = i * chunk_rows;
-        let column = j * chunk_columns;
-        let present_rows = chunk_rows.min(rows - row);
-        let present_columns = chunk_columns.min(columns - column);
-        // Both chunk shapes make the present frames one contiguous run.
+        let row = i * object_rows;
+        let column = j * object_columns;
+        let present_rows = object_rows.min(rows - row);
+        let present_columns = object_columns.min(columns - column);
+        // Whole rows (present_columns == columns) or part of one row: the
+        // present frames are one contiguous run either way.
         let first = row * columns + column;
-        let count = if chunk_columns == columns {
+        let count = if present_columns == columns {
             present_rows * columns
         } else {
             present_columns
         };
-        let mut bytes =
-            frames_bytes(file, first..first + count, codes).map_err(|e| fail(root, e))?;
-        bytes.resize(chunk_rows * chunk_columns * frame_bytes, 0);
+        let run = frames_bytes(file, first..first + count, codes).map_err(|e| fail(root, e))?;
+        let row_bytes = present_columns * frame_bytes;
+        let bytes = if present_columns == object_columns {
+            let mut b = run;
+            b.resize(object_rows * object_columns * frame_bytes, 0);
+            b
+        } else {
+            // Columns padded up to the shard's width: place row by row.
+            let mut b = vec![0u8; object_rows * object_columns * frame_bytes];
+            for (r, src) in run.chunks_exact(row_bytes.max(1)).enumerate() {
+                let at = r * object_columns * frame_bytes;
+                b[at..at + row_bytes].copy_from_slice(src);
+            }
+            b
+        };
         progress((count * frame_bytes) as u64);
         array
             .store_chunk(&[i as u64, j as u64, 0, 0], ArrayBytes::new_flen(bytes))
-            .map_err(|e| fail(root, format!("chunk {i}.{j}.0.0: {e}")))
+            .map_err(|e| fail(root, format!("{what} {i}.{j}.0.0: {e}")))
     })?;
     Ok((rows * columns * frame_bytes) as u64)
 }
@@ -237,6 +302,7 @@ pub fn write_store(
     target: &Path,
     overwrite: Overwrite,
     compression: Compression,
+    shard_bytes: u64,
     progress: &(dyn Fn(u64) + Sync),
 ) -> Result<StoreSummary, ZarrError> {
     if file.logical_expected().is_some() {
@@ -260,10 +326,11 @@ pub fn write_store(
     group.store_metadata().map_err(|e| fail(target, e))?;
 
     let shape: Vec<u64> = file.shape().iter().map(|&s| s as u64).collect();
-    let chunks: Vec<u64> = layout::chunk_shape(file)
-        .iter()
-        .map(|&c| c as u64)
-        .collect();
+    let grid = Grid::of(file, shard_bytes);
+    let chunks: Vec<u64> = grid.stored().iter().map(|&c| c as u64).collect();
+    let subchunks: Option<Vec<u64>> = grid
+        .shard
+        .map(|_| grid.chunk.iter().map(|&c| c as u64).collect());
     let dtype = file.decoded_dtype();
     let data = build_array(
         &store,
@@ -272,6 +339,7 @@ pub fn write_store(
             name: "data",
             shape: shape.clone(),
             chunks: chunks.clone(),
+            subchunks: subchunks.clone(),
             dtype: zarr_type(dtype),
             codecs: compression
                 .codecs(dtype.size())
@@ -281,7 +349,7 @@ pub fn write_store(
         },
     )?;
     let mut arrays = vec![("data".to_string(), data.metadata().clone())];
-    let mut dense_bytes = write_dense(file, &data, target, false, progress)?;
+    let mut dense_bytes = write_dense(file, &data, grid, target, false, progress)?;
     let mut written = data.chunk_grid_shape().iter().product::<u64>();
     if file.codec() == Codec::Scaled {
         let codes = build_array(
@@ -291,6 +359,7 @@ pub fn write_store(
                 name: "codes",
                 shape: shape.clone(),
                 chunks,
+                subchunks,
                 dtype: data_type::uint16(),
                 codecs: compression.codecs(2).map_err(|e| fail(target, e))?,
                 dimensions: &DIMENSIONS,
@@ -298,7 +367,7 @@ pub fn write_store(
             },
         )?;
         arrays.push(("codes".to_string(), codes.metadata().clone()));
-        dense_bytes += write_dense(file, &codes, target, true, progress)?;
+        dense_bytes += write_dense(file, &codes, grid, target, true, progress)?;
         written += codes.chunk_grid_shape().iter().product::<u64>();
     }
     if let Some(mask) = layout::mask_bytes(file) {
@@ -310,6 +379,7 @@ pub fn write_store(
                 name: "mask",
                 shape: detector.clone(),
                 chunks: detector,
+                subchunks: None,
                 dtype: data_type::bool(),
                 codecs: Vec::new(),
                 dimensions: &DIMENSIONS[2..],
@@ -331,6 +401,7 @@ pub fn write_store(
                 name,
                 shape: vec![n],
                 chunks: vec![n.max(1)],
+                subchunks: None,
                 dtype: data_type::float64(),
                 codecs: Vec::new(),
                 dimensions: &[name],
@@ -553,20 +624,24 @@ impl ZarrSource {
     }
 
     /// How many scan rows to read at a time: as many as fit in 256 MiB,
-    /// in whole chunk rows where they fit.
+    /// in whole shard rows where they fit, else in whole inner chunk rows
+    /// (so that no inner chunk is decoded twice).
     pub fn band_rows(&self) -> usize {
         let row_bytes = self.shape[1] * self.shape[2] * self.shape[3] * self.dtype.size();
         let fit = (BAND_BYTES / row_bytes.max(1)).max(1);
-        let chunk_rows = self
+        let stored_rows = self
             .array
             .chunk_shape(&[0, 0, 0, 0])
             .map_or(1, |c| c[0].get() as usize);
-        if chunk_rows <= fit {
-            fit / chunk_rows * chunk_rows
-        } else {
-            fit
-        }
-        .min(self.shape[0])
+        let inner_rows = self
+            .array
+            .subchunk_shape()
+            .map_or(stored_rows, |c| c[0].get() as usize);
+        [stored_rows, inner_rows]
+            .into_iter()
+            .find(|&r| r <= fit)
+            .map_or(fit, |r| fit / r * r)
+            .min(self.shape[0])
     }
 
     /// Frames `first..first + out.len() / frame_bytes` in scan order into
@@ -604,26 +679,32 @@ impl ZarrSource {
             .chunks_in_array_subset(&band)
             .map_err(|e| fail(&self.path, e))?
             .ok_or_else(|| fail(&self.path, "chunk grid does not cover the array"))?;
+        // A stored object is a shard of inner chunks in a sharded array.
+        let what = if self.array.is_sharded() {
+            "shard"
+        } else {
+            "chunk"
+        };
         for index in chunks.indices() {
-            let key = self.array.chunk_key(&index).to_string();
+            let key = format!("{what} {}", self.array.chunk_key(&index));
             let chunk = self
                 .array
                 .chunk_subset(&index)
-                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+                .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             let part = chunk
                 .overlap(&band)
-                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+                .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             if part.is_empty() {
                 continue;
             }
             let local = part
                 .relative_to(chunk.start())
-                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+                .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             let bytes = self
                 .array
                 .retrieve_chunk_subset::<ArrayBytes>(&index, &local)
                 .and_then(|b| Ok(b.into_fixed()?.into_owned()))
-                .map_err(|e| fail(&self.path, format!("chunk {key}: {e}")))?;
+                .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             copy_box(
                 &bytes,
                 part.shape_usize().as_slice(),

@@ -40,6 +40,14 @@ def leftovers(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir() if ".tmp-" in p.name)
 
 
+def inner_codecs(array) -> tuple:
+    """The codecs applied to each chunk: a shard's inner codecs, or the array's."""
+    codecs = array.metadata.codecs
+    if len(codecs) == 1 and isinstance(codecs[0], zarr.codecs.ShardingCodec):
+        return codecs[0].codecs
+    return codecs
+
+
 @pytest.mark.parametrize("name", FIXTURES)
 def test_qem_to_zarr_and_back(name, tmp_path, copy_fixture):
     source = copy_fixture(f"qem/{name}.qem")
@@ -52,7 +60,7 @@ def test_qem_to_zarr_and_back(name, tmp_path, copy_fixture):
     data = group["data"]
     assert data[:].tobytes() == expected.tobytes()
     assert data.metadata.dimension_names == DIMS
-    assert any("blosc" in type(c).__name__.lower() for c in data.metadata.codecs), data.metadata.codecs
+    assert any("blosc" in type(c).__name__.lower() for c in inner_codecs(data)), data.metadata.codecs
     # Consolidated metadata: xarray opens it without a fallback warning.
     ds = xr.open_zarr(str(store), consolidated=True)
     assert ds["data"].dims == DIMS
@@ -201,3 +209,101 @@ def test_compression_choices_read_back(compression, tmp_path, copy_fixture):
     store = tmp_path / "s.zarr"
     run("qem", "convert", source, store, "--zarr-compression", compression)
     assert np.array_equal(zarr.open_array(str(store / "data"), mode="r")[:], decoded(source))
+
+
+def npy_to_qem(tmp_path: Path, array: np.ndarray, chunk_scans: int) -> Path:
+    npy, qem = tmp_path / "src.npy", tmp_path / "src.qem"
+    np.save(npy, array)
+    run("qem", "convert", npy, qem, "--chunk-scans", str(chunk_scans))
+    return qem
+
+
+def stored_files(array_dir: Path) -> list[Path]:
+    return sorted(p for p in (array_dir / "c").rglob("*") if p.is_file())
+
+
+# (array shape, scans per .qem chunk, --zarr-shard-mib, zarr chunks, zarr shards):
+# whole scan rows per shard; rows longer than a chunk with the columns padded
+# to whole chunks; a row larger than a shard split into shards of one row.
+SHARDINGS = [
+    ((32, 32, 32, 32), 64, 1, (2, 32, 32, 32), (16, 32, 32, 32)),
+    ((4, 100, 64, 64), 32, 2, (1, 32, 64, 64), (2, 128, 64, 64)),
+    ((2, 300, 64, 64), 32, 1, (1, 32, 64, 64), (1, 128, 64, 64)),
+]
+
+
+@pytest.mark.parametrize("shape,scans,mib,chunks,shards", SHARDINGS)
+def test_sharded_stores_read_in_zarr_python_and_round_trip(shape, scans, mib, chunks, shards,
+                                                          tmp_path):
+    rng = np.random.default_rng(sum(shape))
+    array = rng.integers(0, 65535, size=shape, endpoint=True).astype(np.uint16)
+    source = npy_to_qem(tmp_path, array, scans)
+    store = tmp_path / "sharded.zarr"
+    run("qem", "convert", source, store, "--zarr-shard-mib", str(mib))
+
+    data = zarr.open_group(str(store), mode="r")["data"]
+    assert data.chunks == chunks and data.shards == shards
+    assert any("blosc" in type(c).__name__.lower() for c in inner_codecs(data))
+    grid = [-(-n // s) for n, s in zip(shape, shards)]
+    assert len(stored_files(store / "data")) == int(np.prod(grid))
+    assert data[:].tobytes() == array.tobytes()
+    # One inner chunk, read alone, at the far corner of the scan.
+    corner = tuple(slice((n - 1) // c * c, n) for n, c in zip(shape, chunks))
+    assert np.array_equal(data[corner], array[corner])
+
+    unsharded = tmp_path / "plain.zarr"
+    run("qem", "convert", source, unsharded, "--zarr-shard-mib", "0")
+    plain = zarr.open_group(str(unsharded), mode="r")["data"]
+    assert plain.chunks == chunks and plain.shards is None
+    assert plain.metadata.attributes == data.metadata.attributes
+    assert (zarr.open_group(str(unsharded), mode="r").attrs.asdict()
+            == zarr.open_group(str(store), mode="r").attrs.asdict())
+
+    back = tmp_path / "back.qem"
+    run("qem", "convert", store, back)
+    run("qem", "validate", back)
+    assert logical_hash(back) == logical_hash(source)
+    assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("compressor", ["blosc", "zstd"])
+@pytest.mark.parametrize("dtype", [np.uint16, np.float32])
+def test_zarr_python_sharded_stores_convert_to_qem(compressor, dtype, tmp_path):
+    array = sample(dtype, shape=(9, 10, 6, 8))
+    store = tmp_path / "in.zarr"
+    comp = {
+        "blosc": zarr.codecs.BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"),
+        "zstd": zarr.codecs.ZstdCodec(level=3),
+    }[compressor]
+    # Shards that divide neither the scan nor the detector; inner chunks split both.
+    z = zarr.create_array(str(store), shape=array.shape, chunks=(2, 3, 3, 4),
+                          shards=(4, 6, 6, 8), dtype=array.dtype, compressors=comp)
+    z[:] = array
+    assert z.shards == (4, 6, 6, 8)
+    out = tmp_path / "out.qem"
+    run("qem", "convert", store, out)
+    run("qem", "validate", out)
+    assert decoded(out).tobytes() == array.tobytes()
+
+
+def test_a_truncated_shard_is_refused_naming_it(tmp_path):
+    rng = np.random.default_rng(5)
+    array = rng.integers(0, 4000, size=(32, 32, 32, 32)).astype(np.uint16)
+    source = npy_to_qem(tmp_path, array, 64)
+    store = tmp_path / "cut.zarr"
+    run("qem", "convert", source, store, "--zarr-shard-mib", "1")
+    shard = store / "data" / "c" / "1" / "0" / "0" / "0"
+    shard.write_bytes(shard.read_bytes()[:-100])
+    refused(tmp_path, store, "shard", "c/1/0/0/0")
+
+
+def test_by_default_small_chunks_share_a_shard_file(tmp_path):
+    rng = np.random.default_rng(9)
+    array = rng.integers(0, 900, size=(32, 32, 32, 32)).astype(np.uint16)
+    source = npy_to_qem(tmp_path, array, 64)  # 16 chunks of 128 KiB
+    store = tmp_path / "default.zarr"
+    run("qem", "convert", source, store)
+    data = zarr.open_group(str(store), mode="r")["data"]
+    assert data.chunks == (2, 32, 32, 32) and data.shards == (32, 32, 32, 32)
+    assert len(stored_files(store / "data")) == 1
+    assert data[:].tobytes() == array.tobytes()

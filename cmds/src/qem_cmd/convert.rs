@@ -80,6 +80,7 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
             ZarrCompression::Zstd => Compression::Zstd,
             ZarrCompression::None => Compression::None,
         },
+        zarr_shard_mib: Some(args.zarr_shard_mib),
         hdf5_compression: match args.hdf5_compression {
             Hdf5Compression::None => convert::Hdf5Compression::None,
             Hdf5Compression::Gzip => convert::Hdf5Compression::Gzip,
