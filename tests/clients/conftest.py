@@ -122,3 +122,15 @@ def copy_fixture(tmp_path):
         return target
 
     return copy
+
+
+def py4dstem_python():
+    """The Python of py4DSTEM's own environment (it pins numpy < 2, so it
+    cannot share .venv): `.venv-py4dstem/`, made by scripts/setup.sh, or
+    QEMFS_PY4DSTEM_PYTHON. Missing fails under CI and skips elsewhere."""
+    path = os.environ.get("QEMFS_PY4DSTEM_PYTHON", str(REPO / ".venv-py4dstem" / "bin" / "python"))
+    if not os.path.exists(path):
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} is missing: scripts/setup.sh makes the py4DSTEM environment")
+        pytest.skip(f"no py4DSTEM environment at {path} (scripts/setup.sh makes it)")
+    return path

@@ -23,14 +23,13 @@ reader cannot do (it has one stack step; see test_export_tiff.py).
 """
 
 import json
-import os
 import subprocess
 
 import h5py
 import numpy as np
 import pytest
 
-from conftest import REPO, run
+from conftest import py4dstem_python, run
 from test_export_tiff import calibrated_qem
 
 
@@ -289,15 +288,6 @@ def test_bad_outputs_and_inputs_exit_2_and_leave_nothing(examples, tmp_path):
     out = run("qem", "convert", bad, work / "bad.emd", check=False)
     assert out.returncode == 2 and str(bad) in out.stderr.decode()
     assert list(work.iterdir()) == []
-
-
-def py4dstem_python():
-    path = os.environ.get("QEMFS_PY4DSTEM_PYTHON", str(REPO / ".venv-py4dstem" / "bin" / "python"))
-    if not os.path.exists(path):
-        if os.environ.get("CI"):
-            pytest.fail(f"{path} is missing: scripts/setup.sh makes the py4DSTEM environment")
-        pytest.skip(f"no py4DSTEM environment at {path} (scripts/setup.sh makes it)")
-    return path
 
 
 READ = """
