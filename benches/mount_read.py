@@ -39,39 +39,15 @@ from pathlib import Path
 
 import numpy as np
 
+# The same mount and chunk reader as the Zarr bench (a sibling script).
+from zarr_view import Mount, read_files
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
 
 
 def load() -> str:
     return "load " + " ".join(open("/proc/loadavg").read().split()[:3])
-
-
-def read_files(paths):
-    n = 0
-    for p in paths:
-        with open(p, "rb") as f:
-            while chunk := f.read(1 << 22):
-                n += len(chunk)
-    return n
-
-
-class Mount:
-    def __init__(self, src: Path, cache_mib: int):
-        self.mnt = Path(tempfile.mkdtemp(prefix="qemfs-bench-"))
-        subprocess.run([BIN / "qemfs", "mount", src, self.mnt, "--cache-size", str(cache_mib)],
-                       check=True)
-        self.pid = int(os.getxattr(self.mnt, "user.qemfs.pid"))  # the daemon names itself
-
-    def hwm_mib(self) -> float:
-        for line in open(f"/proc/{self.pid}/status"):
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        return float("nan")
-
-    def close(self):
-        subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
-        shutil.rmtree(self.mnt, ignore_errors=True)
 
 
 def main():

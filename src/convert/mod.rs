@@ -417,7 +417,7 @@ pub fn open_sink(
 ) -> Result<Box<dyn Sink>, ConvertError> {
     Ok(match format {
         SinkFormat::Qem => Box::new(qem::QemSink::create(path, description, options)?),
-        SinkFormat::Npy => Box::new(npy::NpySink::create(path, description, options.force)?),
+        SinkFormat::Npy => Box::new(npy::FileSink::npy(path, description, options.force)?),
         SinkFormat::Tiff => Box::new(tiff::TiffSink::create(path, description, options.force)?),
         SinkFormat::Emd => Box::new(emd::EmdSink::create(
             path,
@@ -425,7 +425,9 @@ pub fn open_sink(
             options.force,
             options.hdf5_compression,
         )?),
-        SinkFormat::Raw => Box::new(raw::RawSink::create(path, options.force)?),
+        // Raw output: the frames as they are, with no header; the user
+        // is told `raw::raw_layout_note` to read it back.
+        SinkFormat::Raw => Box::new(npy::FileSink::create(path, &[], options.force)?),
         SinkFormat::Zarr => {
             return Err(ConvertError::input(
                 path,

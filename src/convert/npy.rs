@@ -199,28 +199,34 @@ fn release(map: &[u8]) {
     }
 }
 
-/// A C-order `.npy` of the frames, published atomically.
-pub struct NpySink {
+/// The frames in C order after a header (a `.npy` header, or none for a
+/// raw export), in one file published atomically.
+pub struct FileSink {
     target: AtomicFile,
 }
 
-impl NpySink {
-    pub fn create(path: &Path, d: &Description, force: bool) -> Result<NpySink, ConvertError> {
+impl FileSink {
+    pub fn create(path: &Path, header: &[u8], force: bool) -> Result<FileSink, ConvertError> {
         let overwrite = if force {
             Overwrite::Replace
         } else {
             Overwrite::Never
         };
         let mut target = AtomicFile::create(path, overwrite)?;
-        let shape: Vec<usize> = d.shape.iter().map(|&n| n as usize).collect();
         target
-            .write_all(&npy::encode_header(d.element.npy(), &shape))
+            .write_all(header)
             .map_err(|e| ConvertError::io(path, e))?;
-        Ok(NpySink { target })
+        Ok(FileSink { target })
+    }
+
+    /// A `.npy` of the frames.
+    pub fn npy(path: &Path, d: &Description, force: bool) -> Result<FileSink, ConvertError> {
+        let shape: Vec<usize> = d.shape.iter().map(|&n| n as usize).collect();
+        FileSink::create(path, &npy::encode_header(d.element.npy(), &shape), force)
     }
 }
 
-impl Sink for NpySink {
+impl Sink for FileSink {
     fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
         let path = self.target.target().to_path_buf();
         self.target

@@ -76,39 +76,6 @@ impl Source for RawSource {
     }
 }
 
-/// Raw output: the frames as they are, little-endian, C order, with no
-/// header; [`raw_layout_note`] tells the user how to read it back.
-pub struct RawSink {
-    target: crate::publish::AtomicFile,
-}
-
-impl RawSink {
-    pub fn create(path: &Path, force: bool) -> Result<RawSink, ConvertError> {
-        let overwrite = if force {
-            crate::publish::Overwrite::Replace
-        } else {
-            crate::publish::Overwrite::Never
-        };
-        Ok(RawSink {
-            target: crate::publish::AtomicFile::create(path, overwrite)?,
-        })
-    }
-}
-
-impl super::Sink for RawSink {
-    fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError> {
-        use std::io::Write;
-        let path = self.target.target().to_path_buf();
-        self.target
-            .write_all(window)
-            .map_err(|e| ConvertError::io(&path, e))
-    }
-
-    fn publish(self: Box<Self>) -> Result<(), ConvertError> {
-        Ok(self.target.publish()?)
-    }
-}
-
 /// What a raw file holds and the command that reads it back, since the
 /// file itself says neither.
 pub fn raw_layout_note(path: &Path, shape: [u64; 4], element: super::Element) -> String {
