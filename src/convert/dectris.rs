@@ -151,14 +151,16 @@ fn linked_file(group: &h5::Group, name: &str) -> Option<String> {
     use hdf5_metno_sys::{h5l, h5p::H5P_DEFAULT};
     let cname = std::ffi::CString::new(name).ok()?;
     // A link value is a flags byte and two C strings; 4 KiB holds any
-    // path a DECTRIS master file writes, and a longer one fails to unpack.
-    let mut value = vec![0u8; 4096];
+    // path a DECTRIS master file writes. The library copies at most 4096
+    // bytes, so the last byte stays 0 and unpacking a longer, cut value
+    // finds an end to every string (it fails instead of overrunning).
+    let mut value = vec![0u8; 4097];
     h5::sync::sync(|| unsafe {
         if h5l::H5Lget_val(
             group.id(),
             cname.as_ptr(),
             value.as_mut_ptr().cast(),
-            value.len(),
+            value.len() - 1,
             H5P_DEFAULT,
         ) < 0
         {
