@@ -343,3 +343,75 @@ fn every_sound_counts_file_decodes_with_its_index_found_sound() {
     }
     assert!(checked >= 5, "only {checked} counts fixtures");
 }
+
+/// Full validation on `threads` threads of a fresh reader of `bytes`: the
+/// report, or the error's text.
+fn validated(bytes: &[u8], threads: usize) -> Result<qemfs::qem::ValidationReport, String> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        QemFile::from_bytes(bytes.to_vec())
+            .and_then(|f| f.validate(ValidationLevel::Full))
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// With more than one thread, full validation decodes while the body's
+/// checksums are computed (from bytes not yet verified); its verdict must be
+/// the one validating in order gives, for every kind of damage.
+#[test]
+fn validating_while_hashing_gives_the_sequential_verdict() {
+    use qemfs::qem::write::{
+        encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec,
+    };
+    use rand::{rngs::Xoshiro256PlusPlus, Rng, SeedableRng};
+
+    let shape = [20u64, 40, 24, 24];
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(7);
+    let dense: Vec<u8> = (0..shape.iter().product::<u64>())
+        .flat_map(|_| ((rng.next_u64() % 9) as u16 * 3).to_le_bytes())
+        .collect();
+    let spec = WriteSpec::counts(
+        shape,
+        CountDtype::U16,
+        scientific_metadata(shape, &Calibration::default()).unwrap(),
+    );
+    let original = encode_to_vec(spec, &dense).unwrap();
+    let start = body_start(&original);
+    // The overlap only runs where the body outweighs the header.
+    assert!(16 * (start - 56) < original.len() - start, "{start}");
+
+    let payload = array_offset(&original, 0);
+    let offsets = array_offset(&original, 1);
+    let index = array_offset(&original, 3);
+    let flip = |at: usize, refresh: bool| {
+        let mut bytes = original.clone();
+        bytes[start + at] ^= 0x10;
+        if refresh {
+            refresh_checksums(bytes, &original)
+        } else {
+            bytes
+        }
+    };
+    let cases = [
+        ("valid", original.clone()),
+        ("payload, checksum stale", flip(payload + 100, false)),
+        ("payload", flip(payload + 100, true)),
+        ("stream offsets", flip(offsets + 4 * 37 + 1, true)),
+        ("spatial index", flip(index + 8, true)),
+    ];
+    for (what, bytes) in &cases {
+        let sequential = validated(bytes, 1);
+        let overlapped = validated(bytes, 2);
+        assert_eq!(overlapped, sequential, "{what}");
+        match *what {
+            "valid" => assert!(sequential.is_ok()),
+            "payload, checksum stale" => {
+                assert!(sequential.unwrap_err().contains("checksum"), "{what}")
+            }
+            _ => assert!(sequential.is_err(), "{what}"),
+        }
+    }
+}

@@ -95,6 +95,22 @@ impl BodyIntegrity {
         self.expected.len()
     }
 
+    /// The same table with every block taken as verified: for a reader
+    /// whose conclusions are kept only once this table's own verdicts are
+    /// in (see `QemFile::validate`), never for one that serves bytes.
+    pub(crate) fn assumed(&self) -> Self {
+        BodyIntegrity {
+            expected: self.expected.clone(),
+            verdicts: self.verdicts.iter().map(|_| OnceLock::from(true)).collect(),
+            body_len: self.body_len,
+        }
+    }
+
+    /// Whether every block's verdict is already known.
+    pub(crate) fn all_known(&self) -> bool {
+        self.verdicts.iter().all(|v| v.get().is_some())
+    }
+
     fn check_block(&self, body: &[u8], k: usize) -> Result<(), QemError> {
         let ok = *self.verdicts[k].get_or_init(|| {
             let start = k * CHECKSUM_BLOCK;

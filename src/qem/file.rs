@@ -8,7 +8,7 @@
 use std::ops::Range;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use crate::mapguard::Mapping;
 use rayon::prelude::*;
@@ -26,10 +26,13 @@ use super::scaled::IntensityCalibration;
 use super::spatial::{self, Tile};
 use super::stream::StreamTable;
 
+/// The file's bytes, shared (cheaply cloned) with the unverified twin that
+/// validation decodes with (see [`QemFile::unverified_twin`]).
+#[derive(Clone)]
 enum Source {
     /// A mapped file, and its (device, inode) when opened.
-    Mapped(Mapping, (u64, u64)),
-    Owned(Vec<u8>),
+    Mapped(Arc<Mapping>, (u64, u64)),
+    Owned(Arc<Vec<u8>>),
 }
 
 impl Source {
@@ -42,8 +45,8 @@ impl Source {
 
     fn bytes(&self) -> &[u8] {
         match self {
-            Source::Mapped(m, _) => m,
-            Source::Owned(v) => v,
+            Source::Mapped(m, _) => &m[..],
+            Source::Owned(v) => &v[..],
         }
     }
 }
@@ -151,14 +154,14 @@ impl QemFile {
         // a published file in place.
         let meta = file.metadata()?;
         Self::from_source(Source::Mapped(
-            Mapping::map(&file)?,
+            Arc::new(Mapping::map(&file)?),
             (meta.dev(), meta.ino()),
         ))
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).
     pub fn from_bytes(bytes: Vec<u8>) -> Result<Self> {
-        Self::from_source(Source::Owned(bytes))
+        Self::from_source(Source::Owned(Arc::new(bytes)))
     }
 
     fn from_source(source: Source) -> Result<Self> {
@@ -972,6 +975,54 @@ impl QemFile {
             }
         }
         Ok((0..=255u8).filter(|&s| seen[usize::from(s)]).collect())
+    }
+
+    /// A reader of the same bytes that takes every body checksum block as
+    /// verified. Full validation decodes with it while the checksums are
+    /// computed, instead of after them, and keeps what it found only once
+    /// they verify: its decoders must (and do, see `fuzz/`) survive any
+    /// bytes, and nothing it decodes leaves [`QemFile::validate`]. `None`
+    /// when copying the header would cost more than the wait it saves.
+    pub(super) fn unverified_twin(&self) -> Option<QemFile> {
+        if self.integrity.all_known() || self.header_bytes() > self.body_bytes() / 16 {
+            return None;
+        }
+        let n = self.layout.chunks.len();
+        Some(QemFile {
+            source: self.source.clone(),
+            envelope: self.envelope,
+            header: self.header.clone(),
+            layout: self.layout.clone(),
+            integrity: self.integrity.assumed(),
+            chunk_tables: (0..n).map(|_| OnceLock::new()).collect(),
+            chunk_spatial: (0..n).map(|_| OnceLock::new()).collect(),
+            block_index: (0..self.layout.blocks.len())
+                .map(|_| OnceLock::new())
+                .collect(),
+            pixel_fields: OnceLock::new(),
+            logical: OnceLock::new(),
+        })
+    }
+
+    /// Takes over the structure, block index and float checksum verdicts
+    /// `twin` reached, once this file's own body checksums have verified
+    /// the bytes they were reached from.
+    pub(super) fn adopt_verdicts(&self, twin: QemFile) {
+        let tables = self.chunk_tables.iter().zip(twin.chunk_tables);
+        let spatial = self.chunk_spatial.iter().zip(twin.chunk_spatial);
+        for (mine, theirs) in tables.chain(spatial) {
+            if let Some(verdict) = theirs.into_inner() {
+                let _ = mine.set(verdict);
+            }
+        }
+        for (mine, theirs) in self.block_index.iter().zip(twin.block_index) {
+            if let Some(verdict) = theirs.into_inner() {
+                let _ = mine.set(verdict);
+            }
+        }
+        if let Some(verdict) = twin.logical.into_inner() {
+            let _ = self.logical.set(verdict);
+        }
     }
 
     /// Decodes every block (bounded memory), checks the dtype range, the
