@@ -9,7 +9,10 @@
 //!   word whose 8 bytes are reversed; 6-bit bytes and 12-bit big-endian
 //!   uint16 in groups of 8 and 4 reversed; 24-bit as two such 12-bit frames
 //!   after another, the first holding the high 12 bits (the header's width
-//!   then counts both).
+//!   then counts both);
+//! * raw `R64` of a 2×2 quad (1-, 6- and 12-bit): each raw row holds a row
+//!   of each of the four chips, the bottom two turned by 180°, which are
+//!   assembled into the detector's frame as LiberTEM does.
 //!
 //! Frames are stored in file order (rosettasciio shows them flipped
 //! vertically). 24-bit counts are stored as uint16 when each fits, else the
@@ -79,9 +82,14 @@ struct Header {
     sequence: u64,
     header_bytes: usize,
     chips: u32,
-    /// Detector pixels (rows, columns).
+    /// Detector pixels (rows, columns): for a raw quad, the assembled
+    /// 2×2 chips.
     rows: u64,
     columns: u64,
+    /// A raw 2×2 quad: each raw row holds one row of chips 4, 3, 2, 1 in
+    /// that order; chips 1 and 2 are the top half of the detector, 3 and 4
+    /// the bottom half turned by 180° (the arrangement LiberTEM reads).
+    quad: bool,
     pixel_type: String,
     layout: String,
     depth: u32,
@@ -148,21 +156,43 @@ fn parse_header(bytes: &[u8]) -> Result<Header, String> {
     if pixels == Pixels::Raw1 && (columns * height) % 64 != 0 {
         return Err("1-bit raw frames must hold a multiple of 64 pixels".into());
     }
-    if matches!(
+    let raw = matches!(
         pixels,
         Pixels::Raw1 | Pixels::Raw6 | Pixels::Raw12 | Pixels::Raw24
-    ) && chips != 1
-    {
+    );
+    // A raw quad's frame is its four chips' rows interleaved: the header's
+    // width is the four chips side by side, its height one chip's.
+    let quad = raw && chips == 4 && layout.trim_end_matches('G') == "2x2";
+    if raw && chips != 1 && !quad {
         return Err(format!(
-            "raw frames of {chips} chips ({layout}) are not supported; only single-chip raw files are"
+            "raw frames of {chips} chips ({layout}) are not supported; only single chips and 2x2 quads are"
         ));
     }
+    if quad && pixels == Pixels::Raw24 {
+        return Err("24-bit raw quad frames are not supported: no reader of the field defines how their two 12-bit halves interleave with the chips".into());
+    }
+    let group = match pixels {
+        Pixels::Raw1 => 64,
+        Pixels::Raw6 => 8,
+        _ => 4,
+    };
+    if quad && (columns % 4 != 0 || (columns / 4) % group != 0) {
+        return Err(format!(
+            "a raw quad frame {columns} pixels wide is not four chips of whole {group}-pixel groups"
+        ));
+    }
+    let (rows, columns) = if quad {
+        (2 * height, columns / 2)
+    } else {
+        (height, columns)
+    };
     Ok(Header {
         sequence,
         header_bytes,
         chips,
-        rows: height,
+        rows,
         columns,
+        quad,
         pixel_type,
         layout,
         depth,
@@ -394,27 +424,9 @@ impl MibSource {
                     o.copy_from_slice(&c.to_le_bytes());
                 }
             }
-            Pixels::Raw1 => {
-                for (s, word) in data.chunks_exact(8).enumerate() {
-                    for b in 0..8 {
-                        let byte = word[7 - b];
-                        for bit in 0..8 {
-                            out[64 * s + 8 * b + bit] = (byte >> bit) & 1;
-                        }
-                    }
-                }
-            }
-            Pixels::Raw6 => {
-                for (i, &v) in data.iter().enumerate() {
-                    out[(i / 8) * 8 + 7 - i % 8] = v;
-                }
-            }
-            Pixels::Raw12 => {
-                for (i, s) in data.chunks_exact(2).enumerate() {
-                    let at = ((i / 4) * 4 + 3 - i % 4) * 2;
-                    out[at..at + 2].copy_from_slice(&[s[1], s[0]]);
-                }
-            }
+            Pixels::Raw1 => self.raw(Packing::One, data, out),
+            Pixels::Raw6 => self.raw(Packing::Six, data, out),
+            Pixels::Raw12 => self.raw(Packing::Twelve, data, out),
             Pixels::Raw24 => {
                 let (high, low) = data.split_at(data.len() / 2);
                 for (i, (h, l)) in high.chunks_exact(2).zip(low.chunks_exact(2)).enumerate() {
@@ -427,6 +439,98 @@ impl MibSource {
             }
         }
         Ok(())
+    }
+}
+
+/// How 1-, 6- and 12-bit raw pixels are packed: 1-bit pixels LSB-first in
+/// 64-bit words whose 8 bytes are reversed, 6-bit bytes in groups of 8 and
+/// 12-bit big-endian values in groups of 4, each group reversed.
+#[derive(Clone, Copy)]
+enum Packing {
+    One,
+    Six,
+    Twelve,
+}
+
+impl Packing {
+    /// Bytes of one stored (unpacked) pixel.
+    fn stored_bytes(self) -> usize {
+        match self {
+            Packing::One | Packing::Six => 1,
+            Packing::Twelve => 2,
+        }
+    }
+
+    /// Raw bytes of `pixels` pixels (whole groups).
+    fn raw_bytes(self, pixels: usize) -> usize {
+        match self {
+            Packing::One => pixels / 8,
+            Packing::Six => pixels,
+            Packing::Twelve => 2 * pixels,
+        }
+    }
+
+    /// Unpacks whole groups of `data` into stored pixels in counting order.
+    fn unpack(self, data: &[u8], out: &mut [u8]) {
+        match self {
+            Packing::One => {
+                for (s, word) in data.chunks_exact(8).enumerate() {
+                    for b in 0..8 {
+                        let byte = word[7 - b];
+                        for bit in 0..8 {
+                            out[64 * s + 8 * b + bit] = (byte >> bit) & 1;
+                        }
+                    }
+                }
+            }
+            Packing::Six => {
+                for (i, &v) in data.iter().enumerate() {
+                    out[(i / 8) * 8 + 7 - i % 8] = v;
+                }
+            }
+            Packing::Twelve => {
+                for (i, s) in data.chunks_exact(2).enumerate() {
+                    let at = ((i / 4) * 4 + 3 - i % 4) * 2;
+                    out[at..at + 2].copy_from_slice(&[s[1], s[0]]);
+                }
+            }
+        }
+    }
+}
+
+impl MibSource {
+    /// A raw frame of one chip, or of a 2×2 quad (see [`Header::quad`])
+    /// assembled in detector order.
+    fn raw(&self, packing: Packing, data: &[u8], out: &mut [u8]) {
+        if !self.first.quad {
+            return packing.unpack(data, out);
+        }
+        let (rows, columns) = (self.first.rows as usize, self.first.columns as usize);
+        let chip = columns / 2;
+        let e = packing.stored_bytes();
+        let segment = packing.raw_bytes(chip);
+        let mut row = vec![0u8; chip * e];
+        for y in 0..rows {
+            // (raw row, chip for the left half, chip for the right half);
+            // chips are numbered by their place in the raw row.
+            let (raw_row, left, right, turned) = if y < rows / 2 {
+                (y, 3, 2, false)
+            } else {
+                (rows - 1 - y, 1, 0, true)
+            };
+            for (half, chip_at) in [(0, left), (1, right)] {
+                let at = (4 * raw_row + chip_at) * segment;
+                packing.unpack(&data[at..at + segment], &mut row);
+                let dst = &mut out[(y * columns + half * chip) * e..][..chip * e];
+                if turned {
+                    for (d, s) in dst.chunks_exact_mut(e).zip(row.chunks_exact(e).rev()) {
+                        d.copy_from_slice(s);
+                    }
+                } else {
+                    dst.copy_from_slice(&row);
+                }
+            }
+        }
     }
 }
 

@@ -1,8 +1,9 @@
 """Quantum Detectors Merlin .mib into .qem: files written to the published
-layout (per-frame ASCII headers, big-endian pixels or the raw R64 packings),
-the non-raw ones first read by rosettasciio's `quantumdetector` reader to
-prove they are real (it flips frames vertically and reads no raw files),
-then converted and compared value for value."""
+layout (per-frame ASCII headers, big-endian pixels or the raw R64 packings,
+of one chip or a 2x2 quad), first read by the field's readers to prove they
+are real: rosettasciio's `quantumdetector` reader for the non-raw ones (it
+flips frames vertically and reads no raw files), LiberTEM's MIB dataset for
+the raw ones; then converted and compared value for value."""
 
 import json
 
@@ -15,14 +16,15 @@ ROWS, COLS, H, W = 3, 4, 8, 64
 TYPES = {"U08": ">u1", "U16": ">u2", "U32": ">u4"}
 
 
-def header(seq, pixel_type, depth, width=W, height=H):
+def header(seq, pixel_type, depth, width=W, height=H, quad=False):
+    size, chips, layout = (768, 4, "2x2") if quad else (384, 1, "1x1")
     text = (
-        f"MQ1,{seq:06d},00384,01,{width:05d},{height:05d},{pixel_type},   1x1,01,"
+        f"MQ1,{seq:06d},{size:05d},{chips:02d},{width:05d},{height:05d},{pixel_type},   {layout},01,"
         "2026-01-01 00:00:00.000000,0.001000,0,0,0,1.200000E+1,5.110000E+2,"
         "0.000000E+0,0.000000E+0,0.000000E+0,0.000000E+0,0.000000E+0,0.000000E+0,3RX,"
         f"MQ1A,2026-01-01T00:00:{seq % 60:02d}.000000000Z,1000000ns,{depth},"
     ).encode()
-    return text + b"\0" * (384 - len(text))
+    return text + b"\0" * (size - len(text))
 
 
 def raw_pixels(frame, depth):
@@ -42,15 +44,30 @@ def raw_pixels(frame, depth):
     raise ValueError(depth)
 
 
-def write_mib(folder, data, pixel_type, depth, *, hdr=True, name="scan.mib"):
+def quad_raw_pixels(frame, depth):
+    """A 2x2 quad frame in the R64 layout: raw row y holds row y of chips
+    4, 3, 2, 1 in that order, each packed as one chip's row; chips 1 and 2
+    are the detector's top left and right, 3 and 4 its bottom left and
+    right turned by 180 degrees (the Merlin quad's readout)."""
+    r, c = frame.shape[0] // 2, frame.shape[1] // 2
+    top_left, top_right = frame[:r, :c], frame[:r, c:]
+    bottom_left, bottom_right = frame[r:, :c][::-1, ::-1], frame[r:, c:][::-1, ::-1]
+    chips = (bottom_right, bottom_left, top_right, top_left)
+    return b"".join(raw_pixels(chip[y], depth) for y in range(r) for chip in chips)
+
+
+def write_mib(folder, data, pixel_type, depth, *, hdr=True, name="scan.mib", quad=False):
     rows, cols = data.shape[:2]
     path = folder / name
     width = data.shape[3] * (2 if (pixel_type, depth) == ("R64", 24) else 1)
+    height = data.shape[2]
+    if quad and pixel_type == "R64":
+        width, height = 2 * width, height // 2  # the four chips side by side
     with open(path, "wb") as f:
         for i, frame in enumerate(data.reshape(-1, *data.shape[2:])):
-            f.write(header(i + 1, pixel_type, depth, width=width, height=data.shape[2]))
+            f.write(header(i + 1, pixel_type, depth, width=width, height=height, quad=quad))
             if pixel_type == "R64":
-                f.write(raw_pixels(frame, depth))
+                f.write((quad_raw_pixels if quad else raw_pixels)(frame, depth))
             else:
                 f.write(frame.astype(TYPES[pixel_type]).tobytes())
     if hdr:
@@ -99,12 +116,55 @@ def test_non_raw_mib_matches_rosettasciio(tmp_path, pixel_type, depth, high):
     assert ops == (["exact_integer_narrowing"] if pixel_type == "U32" else ["lossless_storage"])
 
 
+def libertem_frames(src, scan):
+    """Every frame of `src` as LiberTEM's MIB dataset reads it."""
+    import libertem.api as libertem_api  # scripts/requirements-clients.txt
+    from libertem.executor.inline import InlineJobExecutor
+    from libertem.io.dataset.base import BufferedBackend
+    from libertem.udf.raw import PickUDF
+
+    ctx = libertem_api.Context(executor=InlineJobExecutor())
+    # LiberTEM reads every .mib beside `src` as one acquisition: each test
+    # file has a folder of its own.
+    ds = ctx.load("mib", path=str(src), nav_shape=scan, io_backend=BufferedBackend())
+    picked = ctx.run_udf(dataset=ds, udf=PickUDF(), roi=np.ones(scan, bool))["intensity"].data
+    return np.asarray(picked).reshape(*scan, *picked.shape[1:])
+
+
 @pytest.mark.parametrize("depth,high", [(1, 1), (6, 63), (12, 4095), (24, 65535)])
 def test_raw_mib_of_every_depth(tmp_path, depth, high):
     data = counts(high, seed=depth)
     src = write_mib(tmp_path, data, "R64", depth)
+    theirs = libertem_frames(src, (ROWS, COLS))
+    if depth == 24:
+        # LiberTEM 0.16 steps from one 24-bit raw frame to the next by two
+        # bytes a pixel where the frames hold four (its own frame count
+        # takes four), so only its first frame is the file's.
+        theirs, data = theirs[0, 0], data[0, 0]
+    np.testing.assert_array_equal(theirs, data)
     ours, _ = converted(tmp_path, src)
-    np.testing.assert_array_equal(ours, data)
+    np.testing.assert_array_equal(ours, counts(high, seed=depth))
+
+
+@pytest.mark.parametrize("depth,high", [(1, 1), (6, 63), (12, 4095)])
+def test_raw_quad_mib_matches_libertem(tmp_path, depth, high):
+    # Four 64x64 chips: the smallest quad whose chip rows are whole 1-bit words.
+    data = np.random.default_rng(depth).integers(0, high + 1, size=(2, 3, 128, 128))
+    src = write_mib(tmp_path, data, "R64", depth, quad=True)
+    theirs = libertem_frames(src, (2, 3))
+    np.testing.assert_array_equal(theirs, data)
+    ours, header = converted(tmp_path, src)
+    assert header["shape"] == [2, 3, 128, 128]
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_24_bit_raw_quads_are_refused_saying_why(tmp_path):
+    data = np.random.default_rng(4).integers(0, 1001, size=(2, 3, 16, 16))  # four 8x8 chips
+    src = write_mib(tmp_path, data, "R64", 24, quad=True)
+    out = run("qem", "convert", src, tmp_path / "bad.qem", check=False)
+    assert out.returncode == 2
+    assert "24-bit raw quad frames are not supported" in out.stderr.decode(), out.stderr
+    assert not (tmp_path / "bad.qem").exists()
 
 
 def test_24_bit_counts_beyond_uint16_are_refused_naming_frame_and_pixel(tmp_path):
