@@ -43,6 +43,13 @@ fn parse(argv: &[String]) -> Args {
     a
 }
 
+/// What a report writer writes, as text.
+fn written(write: impl FnOnce(&mut Vec<u8>) -> std::io::Result<()>) -> String {
+    let mut out = Vec::new();
+    write(&mut out).unwrap();
+    String::from_utf8(out).unwrap()
+}
+
 /// (stdout, stderr) of a command that succeeds.
 fn outputs_of(argv: &[String]) -> Result<(String, String), String> {
     let a = parse(argv);
@@ -53,7 +60,7 @@ fn outputs_of(argv: &[String]) -> Result<(String, String), String> {
             let out = if a.json {
                 report::show_json(&e)
             } else {
-                report::show_text(&e, a.limit)
+                written(|out| report::write_show_text(out, &e, a.limit))
             };
             Ok((out, String::new()))
         }
@@ -65,7 +72,7 @@ fn outputs_of(argv: &[String]) -> Result<(String, String), String> {
                 let out = if a.json {
                     report::diff_json(&d, None)
                 } else {
-                    report::diff_text(&d, a.limit)
+                    written(|out| report::write_diff_text(out, &d, a.limit))
                 };
                 return Ok((out, String::new()));
             };
@@ -76,7 +83,7 @@ fn outputs_of(argv: &[String]) -> Result<(String, String), String> {
             let out = if a.json {
                 report::diff_json(&d, Some((within, &verdict)))
             } else {
-                report::diff_text(&d, a.limit)
+                written(|out| report::write_diff_text(out, &d, a.limit))
                     + &report::gate_text(within, a.per_row.then_some(verdict.passed))
             };
             let warning = if a.per_row {

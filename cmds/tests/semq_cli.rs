@@ -353,3 +353,50 @@ fn help_is_a_subcommand_as_in_qemfs() {
     assert_eq!(none.status.code(), Some(2));
     assert!(text(&none.stderr).starts_with("usage: semq [-h] {show,diff,floor,version,"));
 }
+
+/// The rows a failed per-row gate names on stderr, and the "and k more"
+/// count, for `--limit limit`.
+fn rows_above_max(limit: &str) -> (Vec<String>, Option<i64>) {
+    let out = semq()
+        .current_dir(fixtures())
+        .args(["diff", "floor/base.semq", "floor/cand-everything.semq"])
+        .args(["--floor", "floor/floor-3-per-row.floor.json", "--per-row"])
+        .args(["--limit", limit])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    let line = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("rows above max_hamming: "))
+        .unwrap_or_else(|| panic!("{stderr}"))
+        .to_string();
+    let mut ids: Vec<String> = line.split(", ").map(String::from).collect();
+    let more = ids
+        .last()
+        .and_then(|l| l.strip_prefix("and "))
+        .and_then(|l| l.strip_suffix(" more"))
+        .map(|k| k.parse().unwrap());
+    if more.is_some() {
+        ids.pop();
+    }
+    (ids, more)
+}
+
+/// `--limit` slices the flagged rows as upstream's Python does (spec §15
+/// item 9): a negative limit drops ids from the end and the count of the
+/// rest becomes `len - limit`.
+#[test]
+fn gate_rows_follow_the_upstream_limit_slicing() {
+    let (all, more) = rows_above_max("1000");
+    assert_eq!(more, None);
+    let len = all.len() as i64;
+    assert!(len > 3, "{all:?}");
+    let (three, more) = rows_above_max("3");
+    assert_eq!((three.as_slice(), more), (&all[..3], Some(len - 3)));
+    let (negative, more) = rows_above_max("-1");
+    assert_eq!(
+        (negative.as_slice(), more),
+        (&all[..all.len() - 1], Some(len + 1))
+    );
+}

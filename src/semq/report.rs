@@ -7,6 +7,7 @@
 
 use std::borrow::Cow;
 use std::fmt::Write as _;
+use std::io;
 
 use super::config::Config;
 use super::diff::Diff;
@@ -157,74 +158,82 @@ pub fn diff_json(d: &Diff, gate: Option<(bool, &Verdict)>) -> String {
     out
 }
 
-/// The stdout of `semq show FILE --limit N` (human form). A negative
-/// limit prints the raw minimum and lists no ids, like upstream.
-pub fn show_text(e: &Encoding, limit: i64) -> String {
+/// Writes the stdout of `semq show FILE --limit N` (human form), streamed:
+/// a limit may list millions of ids. A negative limit prints the raw
+/// minimum and lists no ids, like upstream.
+pub fn write_show_text(out: &mut impl io::Write, e: &Encoding, limit: i64) -> io::Result<()> {
     let c = e.config();
-    let mut out = String::new();
-    let _ = writeln!(
+    writeln!(
         out,
         "config:         {} dim={} {}={}",
         c.operator().name(),
         c.dim(),
         c.operator().param_name(),
         c.param()
-    );
-    let _ = writeln!(out, "id_kind:        {}", e.id_kind().name());
-    let _ = writeln!(out, "rows:           {}", e.len());
-    let _ = writeln!(out, "content_digest: {}", to_hex(e.content_digest()));
-    let _ = writeln!(out, "state_id:       {}", to_hex(e.state_id()));
-    let _ = writeln!(out, "manifest:       {} pair(s)", e.manifest().len());
+    )?;
+    writeln!(out, "id_kind:        {}", e.id_kind().name())?;
+    writeln!(out, "rows:           {}", e.len())?;
+    writeln!(out, "content_digest: {}", to_hex(e.content_digest()))?;
+    writeln!(out, "state_id:       {}", to_hex(e.state_id()))?;
+    writeln!(out, "manifest:       {} pair(s)", e.manifest().len())?;
     for (k, v) in e.manifest().pairs() {
-        let _ = writeln!(out, "  {} = {}", escape_human(k), escape_human(v));
+        writeln!(out, "  {} = {}", escape_human(k), escape_human(v))?;
     }
-    let n = e.len() as i64;
+    let n = i64::try_from(e.len()).unwrap_or(i64::MAX);
     let shown = n.min(limit);
-    let _ = writeln!(out, "ids:            first {shown} of {n}");
+    writeln!(out, "ids:            first {shown} of {n}")?;
     for id in e.ids().take(usize::try_from(shown).unwrap_or(0)) {
-        let _ = writeln!(out, "  {}", escape_human(&id.to_string()));
+        writeln!(out, "  {}", escape_id(id))?;
     }
-    out
+    Ok(())
 }
 
-/// The stdout of `semq diff REF NEW --limit N` (human form), without the
-/// gate lines (see [`gate_text`]). A negative limit lists no ids.
-pub fn diff_text(d: &Diff, limit: i64) -> String {
+/// Writes the stdout of `semq diff REF NEW --limit N` (human form),
+/// without the gate lines (see [`gate_text`]). A negative limit lists no
+/// ids.
+pub fn write_diff_text(out: &mut impl io::Write, d: &Diff, limit: i64) -> io::Result<()> {
     let take = usize::try_from(limit).unwrap_or(0);
-    let mut out = String::new();
-    let _ = writeln!(out, "reference_id:  {}", to_hex(&d.reference_id));
-    let _ = writeln!(out, "candidate_id:  {}", to_hex(&d.candidate_id));
-    let _ = writeln!(out, "added:         {}", d.added.len());
+    writeln!(out, "reference_id:  {}", to_hex(&d.reference_id))?;
+    writeln!(out, "candidate_id:  {}", to_hex(&d.candidate_id))?;
+    writeln!(out, "added:         {}", d.added.len())?;
     for id in d.added.iter().take(take) {
-        let _ = writeln!(out, "  + {}", escape_human(&id.to_string()));
+        writeln!(out, "  + {}", escape_id(id.as_ref()))?;
     }
-    let _ = writeln!(out, "removed:       {}", d.removed.len());
+    writeln!(out, "removed:       {}", d.removed.len())?;
     for id in d.removed.iter().take(take) {
-        let _ = writeln!(out, "  - {}", escape_human(&id.to_string()));
+        writeln!(out, "  - {}", escape_id(id.as_ref()))?;
     }
-    let _ = writeln!(out, "changed:       {}", d.changed.len());
+    writeln!(out, "changed:       {}", d.changed.len())?;
     for (id, h) in d.changed.iter().take(take) {
-        let _ = writeln!(out, "  ~ {} hamming={h}", escape_human(&id.to_string()));
+        writeln!(out, "  ~ {} hamming={h}", escape_id(id.as_ref()))?;
     }
-    let _ = writeln!(out, "unchanged:     {}", d.n_unchanged);
-    let _ = writeln!(out, "manifest:      {} change(s)", d.manifest_changes.len());
+    writeln!(out, "unchanged:     {}", d.n_unchanged)?;
+    writeln!(out, "manifest:      {} change(s)", d.manifest_changes.len())?;
     let side = |v: &Option<String>| match v {
         Some(s) => escape_human(s).into_owned(),
         None => "<absent>".to_owned(),
     };
     for c in &d.manifest_changes {
-        let _ = writeln!(
+        writeln!(
             out,
             "  {}: {} -> {}",
             escape_human(&c.key),
             side(&c.before),
             side(&c.after)
-        );
+        )?;
     }
-    out
+    Ok(())
 }
 
-/// The gate lines that follow [`diff_text`] with `--floor`: `within` (the
+/// An id as the human reports print it.
+fn escape_id(id: IdRef<'_>) -> Cow<'_, str> {
+    match id {
+        IdRef::U64(v) => Cow::Owned(v.to_string()),
+        IdRef::Utf8(s) => escape_human(s),
+    }
+}
+
+/// The gate lines that follow [`write_diff_text`] with `--floor`: `within` (the
 /// base verdict) and, with `--per-row`, `passed` (the full verdict).
 pub fn gate_text(within: bool, passed: Option<bool>) -> String {
     let py = |b: bool| if b { "True" } else { "False" };
@@ -250,12 +259,17 @@ pub fn per_row_warning(floor: &Floor) -> Option<String> {
         ),
         None => "the floor does not record whether its nulls vary".to_owned(),
     };
-    let chances = floor.nulls() + 1;
-    // `{:.0}` rounds half to even on the binary value, like Python's `.0f`.
     Some(format!(
-        "warning: {states}, so each check can reject an unchanged rebuild with probability up to 1/{chances} ({:.0}%); measure the floor from at least 20 nulls for --per-row\n",
-        100.0 / chances as f64
+        "warning: {states}, so each check can reject an unchanged rebuild with probability up to 1/{} ({}%); measure the floor from at least 20 nulls for --per-row\n",
+        floor.nulls() + 1,
+        percent(floor.nulls())
     ))
+}
+
+/// `100/(nulls+1)` with zero decimals: `{:.0}` rounds half to even on the
+/// binary value, like Python's `.0f`.
+fn percent(nulls: u64) -> String {
+    format!("{:.0}", 100.0 / (nulls as f64 + 1.0))
 }
 
 /// The stderr lines of a gate written after stdout: every changed
@@ -283,9 +297,9 @@ pub fn gate_messages(d: &Diff, verdict: &Verdict, limit: i64) -> String {
         } else {
             limit.min(len)
         };
-        let shown: Vec<String> = verdict.rows[..end as usize]
+        let shown: Vec<Cow<'_, str>> = verdict.rows[..end as usize]
             .iter()
-            .map(|id| escape_human(&id.to_string()).into_owned())
+            .map(|id| escape_id(id.as_ref()))
             .collect();
         let _ = write!(out, "rows above max_hamming: {}", shown.join(", "));
         if len > limit {
@@ -322,6 +336,15 @@ mod tests {
         let mut s = String::new();
         push_json_string(&mut s, "a\"\\\n\u{1}\u{7f}é\u{2028}");
         assert_eq!(s, "\"a\\\"\\\\\\n\\u0001\u{7f}é\u{2028}\"");
+    }
+
+    #[test]
+    fn percentages_round_like_python() {
+        assert_eq!(percent(3), "25");
+        assert_eq!(percent(4), "20");
+        assert_eq!(percent(2), "33");
+        assert_eq!(percent(7), "12"); // 12.5 rounds half to even
+        assert_eq!(percent(0), "100");
     }
 
     #[test]

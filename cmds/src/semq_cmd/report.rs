@@ -7,8 +7,11 @@ use std::io::Write;
 use std::path::Path;
 
 use qemfs::semq::floor::{self, Floor, Verdict};
-use qemfs::semq::report::{diff_json, escape_human, show_json};
-use qemfs::semq::{to_hex, Diff, Encoding, IdRef, SemqError};
+use qemfs::semq::report::{
+    diff_json, gate_messages, gate_text, per_row_warning, show_json, write_diff_text,
+    write_show_text,
+};
+use qemfs::semq::{Diff, Encoding, SemqError};
 
 use crate::exit::{Failure, DIFFERENT, OK};
 use crate::out::Stdout;
@@ -57,18 +60,6 @@ fn python_repr(s: &str) -> String {
     }
 }
 
-fn escaped(id: IdRef<'_>) -> String {
-    match id {
-        IdRef::U64(v) => v.to_string(),
-        IdRef::Utf8(s) => escape_human(s).into_owned(),
-    }
-}
-
-/// How many list entries a (possibly negative) `--limit` allows.
-fn shown(limit: i64, len: usize) -> usize {
-    usize::try_from(limit).map_or(0, |l| l.min(len))
-}
-
 pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
     let e = load(&args.file)?;
     let mut out = Stdout::new();
@@ -77,29 +68,7 @@ pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
         out.done()?;
         return Ok(OK);
     }
-    let c = e.config();
-    writeln!(
-        out,
-        "config:         {} dim={} {}={}",
-        c.operator().name(),
-        c.dim(),
-        c.operator().param_name(),
-        c.param()
-    )?;
-    writeln!(out, "id_kind:        {}", e.id_kind().name())?;
-    writeln!(out, "rows:           {}", e.len())?;
-    writeln!(out, "content_digest: {}", to_hex(e.content_digest()))?;
-    writeln!(out, "state_id:       {}", to_hex(e.state_id()))?;
-    writeln!(out, "manifest:       {} pair(s)", e.manifest().len())?;
-    for (k, v) in e.manifest().pairs() {
-        writeln!(out, "  {} = {}", escape_human(k), escape_human(v))?;
-    }
-    // Upstream prints min(n, limit) as it is, negative limits included.
-    let first = args.limit.min(i64::try_from(e.len()).unwrap_or(i64::MAX));
-    writeln!(out, "ids:            first {first} of {}", e.len())?;
-    for id in e.ids().take(shown(args.limit, e.len())) {
-        writeln!(out, "  {}", escaped(id))?;
-    }
+    write_show_text(&mut out, &e, args.limit)?;
     out.done()?;
     Ok(OK)
 }
@@ -144,29 +113,6 @@ fn check_floor_fits(path: &Path, floor: &Floor, diff: &Diff, per_row: bool) -> R
     }
 }
 
-/// `100/(nulls+1)` with zero decimals, as Python's `.0f` rounds it
-/// (half to even on the binary value, which Rust's formatting also does).
-fn percent(nulls: u64) -> String {
-    format!("{:.0}", 100.0 / (nulls as f64 + 1.0))
-}
-
-fn per_row_warning(floor: &Floor) -> Option<String> {
-    let nulls = floor.nulls();
-    if nulls >= 20 || floor.distinct_nulls() == Some(1) {
-        return None;
-    }
-    let states = match floor.distinct_nulls() {
-        Some(d) => format!("{d} of the floor's {nulls} nulls are different states"),
-        None => "the floor does not record whether its nulls vary".to_string(),
-    };
-    Some(format!(
-        "warning: {states}, so each check can reject an unchanged rebuild with probability \
-         up to 1/{} ({}%); measure the floor from at least 20 nulls for --per-row",
-        nulls + 1,
-        percent(nulls)
-    ))
-}
-
 pub fn diff(args: &DiffArgs) -> Result<u8, Failure> {
     if args.per_row && args.floor.is_none() {
         return Err(Failure::plain("--per-row needs --floor"));
@@ -197,7 +143,7 @@ pub fn diff(args: &DiffArgs) -> Result<u8, Failure> {
     if let Some(g) = &gate {
         if args.per_row {
             if let Some(w) = per_row_warning(&g.floor) {
-                eprintln!("{w}");
+                eprint!("{w}");
             }
         }
     }
@@ -208,10 +154,8 @@ pub fn diff(args: &DiffArgs) -> Result<u8, Failure> {
     } else {
         write_diff_text(&mut out, &report, args.limit)?;
         if let Some(g) = &gate {
-            writeln!(out, "within:        {}", python_bool(g.within))?;
-            if args.per_row {
-                writeln!(out, "passed:        {}", python_bool(g.verdict.passed))?;
-            }
+            let passed = args.per_row.then_some(g.verdict.passed);
+            out.write_all(gate_text(g.within, passed).as_bytes())?;
         }
     }
     out.done()?;
@@ -219,72 +163,8 @@ pub fn diff(args: &DiffArgs) -> Result<u8, Failure> {
     let Some(g) = gate else {
         return Ok(OK);
     };
-    for change in &report.manifest_changes {
-        eprintln!("manifest key {} changed", escape_human(&change.key));
-    }
-    if !g.verdict.passed {
-        let reasons: Vec<&str> = g.verdict.reasons.iter().map(|r| r.name()).collect();
-        eprintln!(
-            "error: candidate is not within the floor ({})",
-            reasons.join(", ")
-        );
-    }
-    if !g.verdict.rows.is_empty() {
-        let n = shown(args.limit, g.verdict.rows.len());
-        let listed: Vec<String> = g.verdict.rows[..n]
-            .iter()
-            .map(|id| escaped(id.as_ref()))
-            .collect();
-        let more = g.verdict.rows.len() - n;
-        let tail = if more > 0 {
-            format!(", and {more} more")
-        } else {
-            String::new()
-        };
-        eprintln!("rows above max_hamming: {}{tail}", listed.join(", "));
-    }
+    eprint!("{}", gate_messages(&report, &g.verdict, args.limit));
     Ok(if g.verdict.passed { OK } else { DIFFERENT })
-}
-
-fn python_bool(b: bool) -> &'static str {
-    if b {
-        "True"
-    } else {
-        "False"
-    }
-}
-
-fn write_diff_text(out: &mut Stdout, d: &Diff, limit: i64) -> std::io::Result<()> {
-    writeln!(out, "reference_id:  {}", to_hex(&d.reference_id))?;
-    writeln!(out, "candidate_id:  {}", to_hex(&d.candidate_id))?;
-    writeln!(out, "added:         {}", d.added.len())?;
-    for id in d.added.iter().take(shown(limit, d.added.len())) {
-        writeln!(out, "  + {}", escaped(id.as_ref()))?;
-    }
-    writeln!(out, "removed:       {}", d.removed.len())?;
-    for id in d.removed.iter().take(shown(limit, d.removed.len())) {
-        writeln!(out, "  - {}", escaped(id.as_ref()))?;
-    }
-    writeln!(out, "changed:       {}", d.changed.len())?;
-    for (id, h) in d.changed.iter().take(shown(limit, d.changed.len())) {
-        writeln!(out, "  ~ {} hamming={h}", escaped(id.as_ref()))?;
-    }
-    writeln!(out, "unchanged:     {}", d.n_unchanged)?;
-    writeln!(out, "manifest:      {} change(s)", d.manifest_changes.len())?;
-    let side = |v: &Option<String>| match v {
-        Some(s) => escape_human(s).into_owned(),
-        None => "<absent>".to_string(),
-    };
-    for c in &d.manifest_changes {
-        writeln!(
-            out,
-            "  {}: {} -> {}",
-            escape_human(&c.key),
-            side(&c.before),
-            side(&c.after)
-        )?;
-    }
-    Ok(())
 }
 
 pub fn floor(args: &FloorArgs) -> Result<u8, Failure> {
@@ -356,15 +236,6 @@ pub fn version(args: &VersionArgs) -> Result<u8, Failure> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn percentages_round_like_python() {
-        assert_eq!(percent(3), "25");
-        assert_eq!(percent(4), "20");
-        assert_eq!(percent(2), "33");
-        assert_eq!(percent(7), "12"); // 12.5 rounds half to even
-        assert_eq!(percent(0), "100");
-    }
 
     #[test]
     fn os_errors_read_like_python() {
