@@ -18,8 +18,10 @@
 //! directory (`qemfs mount scan.qem /mnt/scan`). What of the source is
 //! shown (symbolic links, the mount point itself) is decided in `source`.
 
+pub mod budget;
 pub mod content;
 pub mod filesystem;
+mod prefetch;
 mod qem_view;
 mod semq_view;
 pub mod source;
@@ -72,8 +74,7 @@ pub struct BlockKey {
     pub codes: bool,
 }
 
-/// The decoded-block cache shared by every container of a tree.
-pub type BlockCache = crate::cache::BlockCache<BlockKey, Vec<u8>, TreeError>;
+pub use budget::{Budget, CacheKey};
 
 /// A node inside a container.
 #[derive(Clone)]
@@ -213,7 +214,7 @@ const LOGGED_REFUSALS: usize = 10_000;
 /// Options of a tree.
 #[derive(Clone)]
 pub struct TreeOptions {
-    /// Byte budget of the decoded-block cache.
+    /// The byte budget: decoded blocks and derived files held.
     pub cache_bytes: usize,
     /// The backend of `virtual/` products.
     pub accelerator: Arc<dyn Accelerator>,
@@ -304,7 +305,7 @@ pub struct Tree {
     sources: std::io::Result<source::Sources>,
     log: Log,
     logged: Mutex<HashSet<PathBuf>>,
-    cache: Arc<BlockCache>,
+    cache: Arc<Budget>,
     accelerator: Arc<dyn Accelerator>,
     detectors: DetectorOptions,
     opened: Mutex<lru::LruCache<PathBuf, Opened>>,
@@ -323,7 +324,7 @@ impl Tree {
             root,
             log: Arc::clone(&options.log),
             logged: Mutex::new(HashSet::new()),
-            cache: Arc::new(BlockCache::new(options.cache_bytes)),
+            cache: Arc::new(Budget::new(options.cache_bytes)),
             accelerator: Arc::clone(&options.accelerator),
             detectors: options.detectors.clone(),
             opened: Mutex::new(lru::LruCache::new(
@@ -356,7 +357,8 @@ impl Tree {
         &self.root
     }
 
-    pub fn cache(&self) -> &BlockCache {
+    /// The tree's byte budget (decoded blocks and derived files).
+    pub fn cache(&self) -> &Budget {
         &self.cache
     }
 
@@ -399,7 +401,7 @@ impl Tree {
                 Some(o) if o.stamp == now => (o.id, Arc::clone(&o.dir)),
                 found => {
                     if let Some(stale) = found.map(|o| o.id) {
-                        self.cache.remove_where(|k| k.view == stale);
+                        self.cache.remove_where(|k| k.view() == stale);
                     }
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let slot = Arc::new(OnceLock::new());
@@ -413,7 +415,7 @@ impl Tree {
                     );
                     if let Some((path, closed)) = evicted {
                         if path != source {
-                            self.cache.remove_where(|k| k.view == closed.id);
+                            self.cache.remove_where(|k| k.view() == closed.id);
                         }
                     }
                     (id, slot)
@@ -470,7 +472,7 @@ impl Tree {
     fn forget(&self, source: &Path) {
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(o) = opened.pop(source) {
-            self.cache.remove_where(|k| k.view == o.id);
+            self.cache.remove_where(|k| k.view() == o.id);
         }
     }
 
