@@ -393,7 +393,7 @@ pub fn write_store(
     }
     for (axis, name) in DIMENSIONS.iter().enumerate() {
         let c = layout::coordinate(file, axis);
-        let n = c.values.len() as u64;
+        let n = c.size as u64;
         let array = build_array(
             &store,
             target,
@@ -405,10 +405,10 @@ pub fn write_store(
                 dtype: data_type::float64(),
                 codecs: Vec::new(),
                 dimensions: &[name],
-                attributes: c.attributes,
+                attributes: c.attributes.clone(),
             },
         )?;
-        let bytes: Vec<u8> = c.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = c.le_bytes(0..c.size);
         array
             .store_chunk(&[0], ArrayBytes::new_flen(bytes))
             .map_err(|e| fail(target, format!("{name}: {e}")))?;
