@@ -145,15 +145,18 @@ impl Directory for StaticDir {
 
 /// `info.json` of a `.qem` container (and `qem show --json`): the file's
 /// summary and the backend that computes its `virtual/` products.
-pub fn info_json(file: &QemFile, accelerator: &dyn Accelerator) -> serde_json::Value {
-    let mut info = file.info_json();
+pub fn info_json(
+    file: &QemFile,
+    accelerator: &dyn Accelerator,
+) -> Result<serde_json::Value, crate::qem::QemError> {
+    let mut info = file.info_json()?;
     if let Some(map) = info.as_object_mut() {
         map.insert(
             "reductions_backend".into(),
             accelerator.name().to_string().into(),
         );
     }
-    info
+    Ok(info)
 }
 
 /// What a path resolves to.
@@ -299,6 +302,18 @@ pub fn format_of(name: &str) -> Option<Format> {
     }
 }
 
+/// Returns freed heap pages to the system. Opening a container parses its
+/// header into a tree many times the header's size and drops it; glibc's
+/// allocator keeps such freed pages resident, so without this each opened
+/// container's header stayed in the daemon's memory for good.
+pub(crate) fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A mirrored source folder (or one container file).
 pub struct Tree {
     root: PathBuf,
@@ -426,7 +441,9 @@ impl Tree {
     }
 
     fn open_dir(&self, source: &Path, format: Format, id: u64) -> Arc<dyn Directory> {
-        match self.try_open_dir(source, format, id) {
+        let opened = self.try_open_dir(source, format, id);
+        give_back_freed_memory();
+        match opened {
             Ok(dir) => dir,
             Err(reason) => {
                 let mut entries = BTreeMap::new();

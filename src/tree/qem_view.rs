@@ -17,7 +17,7 @@ use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
-use super::content::{copy_range, Bytes, Content, Lazy, Passthrough};
+use super::content::{copy_range, Content, Lazy, Passthrough};
 use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
 use super::{virtual_dir, zarr_view};
 
@@ -509,24 +509,50 @@ pub fn directory(
         s.push('\n');
         s.into_bytes()
     };
+    // The two documents that hold the whole header are made from the file
+    // when read and held in the budget: the header is not kept parsed
+    // (see QemFile::header_object). Their sizes are found now.
+    let header_json = move |v: &QemView| -> Result<Vec<u8>, TreeError> {
+        let faults = v.file.faults();
+        let header = v.file.header_object().map_err(|e| v.decode_error(e))?;
+        let bytes = text(&serde_json::Value::Object(header));
+        super::give_back_freed_memory();
+        if v.file.faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
+        Ok(bytes)
+    };
+    let info = Arc::clone(&accelerator);
+    let info_json = move |v: &QemView| -> Result<Vec<u8>, TreeError> {
+        let faults = v.file.faults();
+        let doc = super::info_json(&v.file, &*info).map_err(|e| v.decode_error(e))?;
+        let bytes = text(&doc);
+        drop(doc);
+        super::give_back_freed_memory();
+        if v.file.faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
+        Ok(bytes)
+    };
 
     entries.insert(
         "raw.qem".into(),
         Entry::File(Arc::new(Passthrough::new(source, file.file_bytes() as u64))),
     );
-    entries.insert(
-        "header.json".into(),
-        Entry::File(Arc::new(Bytes::new(text(&serde_json::Value::Object(
-            file.header().raw.clone(),
-        ))))),
-    );
-    entries.insert(
-        "info.json".into(),
-        Entry::File(Arc::new(Bytes::new(text(&super::info_json(
-            file,
-            &*accelerator,
-        ))))),
-    );
+    for (name, make) in [
+        (
+            "header.json",
+            Arc::new(header_json) as Arc<dyn Fn(&QemView) -> _ + Send + Sync>,
+        ),
+        ("info.json", Arc::new(info_json)),
+    ] {
+        let size = make(&view)?.len() as u64;
+        let v = Arc::clone(&view);
+        entries.insert(
+            name.into(),
+            Entry::File(Arc::new(Lazy::new(&view.cache, id, size, move || make(&v)))),
+        );
+    }
     let (v, source_path) = (Arc::clone(&view), source.to_path_buf());
     entries.insert(
         "sha256".into(),

@@ -62,7 +62,7 @@ fn quantity(q: &Quantity) -> Value {
 /// The group's attributes: what the array is and where it came from,
 /// under one `qem` member.
 pub fn group_attributes(file: &QemFile, source_name: &str) -> Map<String, Value> {
-    let header = &file.header().raw;
+    let header = file.header();
     let metadata = file.metadata();
     let mut qem = Map::new();
     qem.insert("source".into(), source_name.into());
@@ -70,10 +70,9 @@ pub fn group_attributes(file: &QemFile, source_name: &str) -> Map<String, Value>
     qem.insert("stored_dtype".into(), file.stored_dtype().name().into());
     // The file's own identities: the per-64 MiB body digests, and for float
     // files the digest of the decoded array.
-    for key in ["sha256", "logical_sha256"] {
-        if let Some(v) = header.get(key) {
-            qem.insert(key.into(), v.clone());
-        }
+    qem.insert("sha256".into(), json!(header.sha256));
+    if let Some(digest) = &header.logical_sha256 {
+        qem.insert("logical_sha256".into(), digest.as_str().into());
     }
     let calibration: Map<String, Value> = metadata
         .electron_microscope

@@ -97,12 +97,12 @@ pub struct StoreSummary {
 /// converting back recreates the same file content.
 const LAYOUT_MEMBERS: &[&str] = &["chunks", "bytes", "sha256", "logical_sha256"];
 
-fn kept_header(file: &QemFile) -> Map<String, Value> {
-    let mut header = file.header().raw.clone();
+fn kept_header(file: &QemFile) -> Result<Map<String, Value>, crate::qem::QemError> {
+    let mut header = file.header_object()?;
     for k in LAYOUT_MEMBERS {
         header.remove(*k);
     }
-    header
+    Ok(header)
 }
 
 fn zarr_type(d: Dtype) -> DataType {
@@ -317,7 +317,8 @@ pub fn write_store(
 
     let mut attributes = layout::group_attributes(file, source_name);
     if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
-        qem.insert("header".into(), Value::Object(kept_header(file)));
+        let kept = kept_header(file).map_err(|e| fail(target, format!("{source_name}: {e}")))?;
+        qem.insert("header".into(), Value::Object(kept));
     }
     let mut group = GroupBuilder::new()
         .build(Arc::clone(&store), "/")
