@@ -1,5 +1,6 @@
-//! The decoded-block cache: an LRU bounded by bytes, shared by every reader
-//! of a mount (or of one CLI run).
+//! The byte-bounded LRU behind a tree's budget (`tree::budget`): decoded
+//! blocks and derived values, shared by every reader of a mount (or of one
+//! CLI run).
 //!
 //! Loads are single-flight: when several threads ask for the same missing
 //! key at once, one of them loads it and the others wait for that result, so
@@ -38,6 +39,9 @@ type Slot<V, E> = Arc<OnceLock<Result<Arc<V>, E>>>;
 struct State<K: Hash + Eq, V: ?Sized, E> {
     lru: LruCache<K, Arc<V>>,
     bytes: usize,
+    /// Bytes promised to loads under way (see `reserve`), counted against
+    /// the budget before their values arrive.
+    reserved: usize,
     /// Loads under way; each waiter blocks on the slot's `OnceLock`.
     loading: HashMap<K, Slot<V, E>>,
 }
@@ -50,6 +54,7 @@ pub struct CacheStats {
     pub evictions: u64,
     pub entries: usize,
     pub bytes: usize,
+    pub reserved: usize,
     pub budget: usize,
 }
 
@@ -76,6 +81,7 @@ where
             state: Mutex::new(State {
                 lru: LruCache::unbounded(),
                 bytes: 0,
+                reserved: 0,
                 loading: HashMap::new(),
             }),
             hits: AtomicU64::new(0),
@@ -123,6 +129,36 @@ where
         result
     }
 
+    /// Keeps `value` under `key` (when it fits the budget), evicting the
+    /// least recently used: for values computed under their own
+    /// single-flight lock (`tree::content::Lazy`).
+    pub fn insert(&self, key: K, value: Arc<V>) {
+        let mut state = self.lock();
+        self.insert_locked(&mut state, key, value);
+    }
+
+    /// Sets `bytes` of the budget aside for a value about to be loaded (a
+    /// prefetched block), evicting the least recently used to make room,
+    /// unless what is already set aside and `bytes` would exceed
+    /// `share` of the budget (in 1/1024ths): then nothing is reserved and
+    /// `false` returned. Give it back with [`BlockCache::unreserve`].
+    pub fn reserve(&self, bytes: usize, share: usize) -> bool {
+        let mut state = self.lock();
+        let limit = self.budget / 1024 * share.min(1024);
+        if state.reserved.saturating_add(bytes) > limit {
+            return false;
+        }
+        state.reserved += bytes;
+        self.evict_locked(&mut state);
+        true
+    }
+
+    /// Gives back bytes set aside by [`BlockCache::reserve`].
+    pub fn unreserve(&self, bytes: usize) {
+        let mut state = self.lock();
+        state.reserved = state.reserved.saturating_sub(bytes);
+    }
+
     /// The cached value, if present (counts as a use).
     pub fn get(&self, key: &K) -> Option<Arc<V>> {
         self.lock().lru.get(key).cloned()
@@ -160,6 +196,7 @@ where
             evictions: self.evictions.load(Ordering::Relaxed),
             entries: state.lru.len(),
             bytes: state.bytes,
+            reserved: state.reserved,
             budget: self.budget,
         }
     }
@@ -173,7 +210,12 @@ where
             state.bytes -= old.weight();
         }
         state.bytes += weight;
-        while state.bytes > self.budget {
+        self.evict_locked(state);
+    }
+
+    /// Evicts the least recently used until values and reservations fit.
+    fn evict_locked(&self, state: &mut State<K, V, E>) {
+        while state.bytes + state.reserved > self.budget {
             match state.lru.pop_lru() {
                 Some((_, evicted)) => {
                     state.bytes -= evicted.weight();
@@ -284,6 +326,21 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(cache.stats().entries, 2);
+    }
+
+    #[test]
+    fn reservations_count_against_the_budget() {
+        let cache = Cache::new(1024);
+        for key in 0..4 {
+            cache.get_or_load(&key, || block(200)).unwrap();
+        }
+        // Half the budget may be set aside: 400 bytes, making room.
+        assert!(cache.reserve(400, 512));
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.bytes, stats.reserved), (3, 600, 400));
+        assert!(!cache.reserve(200, 512), "beyond the share: refused");
+        cache.unreserve(400);
+        assert_eq!(cache.stats().reserved, 0);
     }
 
     #[test]

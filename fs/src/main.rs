@@ -87,7 +87,8 @@ struct MountArgs {
     /// Append log lines to this file
     #[arg(long)]
     log_file: Option<PathBuf>,
-    /// Byte budget of the decoded-block cache, in MiB
+    /// The byte budget of all the mount computes and holds (decoded
+    /// blocks, virtual images, digests, JSON documents), in MiB
     #[arg(long, default_value = "1024", value_name = "MiB", value_parser = at_least_one)]
     cache_size: usize,
     /// Threads answering reads (default: twice the number of CPUs)

@@ -145,7 +145,9 @@ fn describe(path: &Path, file: &QemFile, codes: bool) -> Result<Description, Con
         },
         Codec::Scaled => scaled_content(path, file)?,
     };
-    let mut extra = header.raw.clone();
+    let mut extra = file
+        .header_object()
+        .map_err(|e| ConvertError::read(path, e))?;
     for k in RESERVED {
         extra.remove(*k);
     }

@@ -168,9 +168,13 @@ impl QemFile {
         let file = source.bytes();
         let envelope = Envelope::parse(file)?;
         let value = parse_strict(&file[super::envelope::ENVELOPE_BYTES..envelope.body_start])?;
-        let header = Header::from_value(value, file.len() as u64, envelope.header_len as u64)?;
+        // Only the typed parts of the header are kept: the parsed tree of a
+        // large scan's header (megabytes of chunk table) is many times its
+        // text, and the text stays in the file (`header_object`).
+        let header = Header::from_value(&value, file.len() as u64, envelope.header_len as u64)?;
         let integrity = BodyIntegrity::new(&header.sha256, file.len() - envelope.body_start)?;
-        let layout = Layout::parse(&header)?;
+        let layout = Layout::parse(&header, &value)?;
+        drop(value);
         let n = layout.chunks.len();
         let blocks = layout.blocks.len();
         Ok(QemFile {
@@ -191,6 +195,20 @@ impl QemFile {
 
     pub fn header(&self) -> &Header {
         &self.header
+    }
+
+    /// The whole header object as stored, unknown members included, parsed
+    /// again from the file (it was checked when the file was opened; a
+    /// source truncated since then fails here).
+    pub fn header_object(&self) -> Result<serde_json::Map<String, serde_json::Value>> {
+        let file = self.source.bytes();
+        let bytes = file
+            .get(super::envelope::ENVELOPE_BYTES..self.envelope.body_start)
+            .ok_or_else(|| QemError::header("(header)", crate::mapguard::CHANGED))?;
+        match parse_strict(bytes)? {
+            serde_json::Value::Object(map) => Ok(map),
+            _ => Err(QemError::header("(header)", "not a JSON object")),
+        }
     }
     pub fn codec(&self) -> Codec {
         self.header.codec

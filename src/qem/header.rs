@@ -181,8 +181,6 @@ pub struct Header {
     pub metadata: Option<Map<String, Value>>,
     pub attributes: Option<Map<String, Value>>,
     pub scientific: ScientificMetadata,
-    /// The whole header object as stored, unknown members included.
-    pub raw: Map<String, Value>,
 }
 
 /// A JSON integer (never a boolean or a float).
@@ -196,7 +194,8 @@ pub(crate) fn json_uint(v: Option<&Value>) -> Option<u64> {
 impl Header {
     /// Checks the header's members (everything except the chunk table and
     /// the body). `file_len` and `header_len` check rule 4 of §2.
-    pub fn from_value(value: Value, file_len: u64, header_len: u64) -> Result<Self, QemError> {
+    /// The object itself is not kept (see [`crate::qem::QemFile::header_object`]).
+    pub fn from_value(value: &Value, file_len: u64, header_len: u64) -> Result<Self, QemError> {
         let Value::Object(raw) = value else {
             return Err(QemError::header("(header)", "not a JSON object"));
         };
@@ -225,7 +224,7 @@ impl Header {
                 expected: "1".into(),
             });
         }
-        let codec = parse_codec(&raw)?;
+        let codec = parse_codec(raw)?;
         let shape = parse_shape(raw.get("shape"))?;
         let stored_dtype = raw
             .get("dtype")
@@ -363,7 +362,6 @@ impl Header {
             metadata,
             attributes,
             scientific,
-            raw,
         })
     }
 

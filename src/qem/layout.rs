@@ -155,9 +155,9 @@ impl Cursor {
 }
 
 impl Layout {
-    pub fn parse(header: &Header) -> Result<Self, QemError> {
-        let list = header
-            .raw
+    /// `raw`: the header object `header` was checked from.
+    pub fn parse(header: &Header, raw: &Value) -> Result<Self, QemError> {
+        let list = raw
             .get("chunks")
             .and_then(Value::as_array)
             .filter(|l| !l.is_empty())

@@ -4,6 +4,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::error::QemError;
 use super::file::QemFile;
 use super::header::Codec;
 use super::metadata::{Quantity, Schema};
@@ -95,10 +96,11 @@ impl QemFile {
     }
 
     /// `{"header": <stored header>, "summary": <summary>}`.
-    pub fn info_json(&self) -> Value {
-        json!({
-            "header": Value::Object(self.header().raw.clone()),
-            "summary": self.summary(),
-        })
+    pub fn info_json(&self) -> Result<Value, QemError> {
+        // Built by hand: `json!` would copy the header's tree.
+        let mut info = Map::new();
+        info.insert("header".into(), Value::Object(self.header_object()?));
+        info.insert("summary".into(), self.summary());
+        Ok(Value::Object(info))
     }
 }

@@ -686,8 +686,8 @@ fn background_plane(file: &QemFile) -> Result<Option<Vec<f32>>, ReduceError> {
     }
     let Some(recipe) = file
         .header()
-        .raw
-        .get("empad")
+        .empad
+        .as_ref()
         .and_then(|e| e.get("background"))
     else {
         return Ok(None);

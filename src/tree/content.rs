@@ -8,6 +8,7 @@ use std::sync::{Arc, OnceLock};
 
 use crate::sync::{lock, Mutex};
 
+use super::budget::{Budget, CacheKey};
 use super::TreeError;
 
 /// A virtual file: its size is fixed when the node is created (from
@@ -68,37 +69,46 @@ type Producer = Box<dyn Fn() -> Result<Vec<u8>, TreeError> + Send + Sync>;
 
 /// Bytes whose size is known in advance but whose content is computed on
 /// the first read (a digest of the decoded array, a preview image) and then
-/// kept. A failed computation is not kept, so a later read retries; a
-/// producer that reads a memory-mapped source must fail when that mapping
-/// faulted while it ran.
+/// held in the tree's budget, like decoded blocks: evicted with them when
+/// the budget is full, and computed again if read after that. A failed
+/// computation is not kept, so a later read retries; a producer that reads
+/// a memory-mapped source must fail when that mapping faulted while it ran.
+/// Files that can be larger than a budget are not `Lazy`: they are served
+/// in windows computed per read.
 pub struct Lazy {
     size: u64,
     produce: Producer,
-    value: Mutex<Option<Arc<[u8]>>>,
+    budget: Arc<Budget>,
+    key: CacheKey,
     /// Held while computing, so that concurrent first readers wait for one
     /// computation instead of each running their own.
     computing: Mutex<()>,
 }
 
 impl Lazy {
+    /// A file of container opening `view` (its value goes when the
+    /// container is closed).
     pub fn new(
+        budget: &Arc<Budget>,
+        view: u64,
         size: u64,
         produce: impl Fn() -> Result<Vec<u8>, TreeError> + Send + Sync + 'static,
     ) -> Self {
         Lazy {
             size,
             produce: Box::new(produce),
-            value: Mutex::new(None),
+            budget: Arc::clone(budget),
+            key: budget.derived(view),
             computing: Mutex::new(()),
         }
     }
 
-    fn bytes(&self) -> Result<Arc<[u8]>, TreeError> {
-        if let Some(v) = lock(&self.value).clone() {
+    fn bytes(&self) -> Result<Arc<Vec<u8>>, TreeError> {
+        if let Some(v) = self.budget.get(self.key) {
             return Ok(v);
         }
         let _one = lock(&self.computing);
-        if let Some(v) = lock(&self.value).clone() {
+        if let Some(v) = self.budget.get(self.key) {
             return Ok(v);
         }
         // A producer that reads a mapping checks that mapping's own fault
@@ -113,8 +123,8 @@ impl Lazy {
                 self.size
             )));
         }
-        let bytes: Arc<[u8]> = Arc::from(bytes);
-        *lock(&self.value) = Some(Arc::clone(&bytes));
+        let bytes = Arc::new(bytes);
+        self.budget.keep(self.key, Arc::clone(&bytes));
         Ok(bytes)
     }
 }
@@ -129,6 +139,42 @@ impl Content for Lazy {
             return Ok(0);
         }
         Ok(copy_range(&self.bytes()?, offset, buf))
+    }
+}
+
+/// A file of `size` bytes made piece by piece: `fill(offset, buf)` writes
+/// the bytes at `offset` into `buf` (whole, clamped to the size), from
+/// values it holds or computes for that range only. For derived files that
+/// can be larger than the budget (`vectors.npy` of a large `.semq`).
+pub struct Windowed<F> {
+    size: u64,
+    fill: F,
+}
+
+impl<F> Windowed<F>
+where
+    F: Fn(u64, &mut [u8]) -> Result<(), TreeError> + Send + Sync,
+{
+    pub fn new(size: u64, fill: F) -> Self {
+        Windowed { size, fill }
+    }
+}
+
+impl<F> Content for Windowed<F>
+where
+    F: Fn(u64, &mut [u8]) -> Result<(), TreeError> + Send + Sync,
+{
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        if offset >= self.size {
+            return Ok(0);
+        }
+        let n = buf.len().min((self.size - offset) as usize);
+        (self.fill)(offset, &mut buf[..n])?;
+        Ok(n)
     }
 }
 
@@ -236,15 +282,54 @@ mod tests {
     fn lazy_content_is_computed_once_and_checked() {
         let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let c = calls.clone();
-        let lazy = Lazy::new(3, move || {
+        let budget = Arc::new(Budget::new(1 << 20));
+        let lazy = Lazy::new(&budget, 1, 3, move || {
             c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             Ok(b"abc".to_vec())
         });
         assert_eq!(read_all(&lazy).unwrap(), b"abc");
         assert_eq!(read_all(&lazy).unwrap(), b"abc");
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
-        let wrong = Lazy::new(2, || Ok(b"abc".to_vec()));
+        let wrong = Lazy::new(&budget, 1, 2, || Ok(b"abc".to_vec()));
         assert!(read_all(&wrong).is_err());
+    }
+
+    /// A computed file is held in the budget, not by itself: when the
+    /// budget is full it goes like a block, and is computed again.
+    #[test]
+    fn lazy_content_is_held_in_the_budget() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let budget = Arc::new(Budget::new(100));
+        let c = calls.clone();
+        let lazy = Lazy::new(&budget, 1, 60, move || {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(vec![1; 60])
+        });
+        read_all(&lazy).unwrap();
+        assert_eq!(budget.stats().bytes, 60);
+        let other = Lazy::new(&budget, 2, 60, || Ok(vec![2; 60]));
+        read_all(&other).unwrap();
+        assert_eq!(budget.stats().bytes, 60, "one of them was evicted");
+        assert_eq!(read_all(&lazy).unwrap(), vec![1; 60]);
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+        // Larger than the whole budget: served, never held.
+        let huge = Lazy::new(&budget, 3, 200, || Ok(vec![3; 200]));
+        assert_eq!(read_all(&huge).unwrap().len(), 200);
+        assert!(budget.stats().bytes <= 100);
+    }
+
+    #[test]
+    fn windowed_content_fills_only_the_range_asked_for() {
+        let w = Windowed::new(10, |at, buf: &mut [u8]| {
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = at as u8 + i as u8;
+            }
+            Ok(())
+        });
+        let mut buf = [0u8; 4];
+        assert_eq!(w.read_at(8, &mut buf).unwrap(), 2);
+        assert_eq!(&buf[..2], &[8, 9]);
+        assert_eq!(read_all(&w).unwrap(), (0..10).collect::<Vec<u8>>());
     }
 }
 
@@ -263,7 +348,8 @@ mod shuttle_tests {
                 let c = Arc::clone(&calls);
                 // The first computation fails (a source being replaced),
                 // the later ones succeed.
-                let lazy = Arc::new(Lazy::new(3, move || {
+                let budget = Arc::new(Budget::new(1 << 20));
+                let lazy = Arc::new(Lazy::new(&budget, 1, 3, move || {
                     let mut n = lock(&c);
                     *n += 1;
                     if *n == 1 {

@@ -222,9 +222,10 @@ enum DirListing {
     },
 }
 
-/// Entries made per readdir request of a paged folder: more than a reply
-/// buffer holds, so one page answers one request.
-const PAGE: usize = 1024;
+/// Entries made at a time for a readdir request of a paged folder (about
+/// what a reply buffer of plain readdir holds; more pages are made while
+/// the reply has room), so a request makes little more than it sends.
+const PAGE: usize = 128;
 
 /// Numbers shown by plain readdir for entries never looked up: the kernel
 /// only displays them (d_ino), and entering them in the table would make
@@ -502,40 +503,54 @@ impl Filesystem {
             .get(&fh)
             .cloned()
             .ok_or(FsError::BadHandle)?;
-        let offset = usize::try_from(offset).unwrap_or(usize::MAX);
-        let entries = self.page(&listing, offset, plus)?;
-        let mut taken = Vec::new();
-        for (i, ino, attr, name) in &entries {
-            let entry = DirEntry {
-                next_offset: (i + 1) as u64,
-                ino: *ino,
-                attr: *attr,
-                name: name.clone(),
+        let mut offset = usize::try_from(offset).unwrap_or(usize::MAX);
+        // Page after page until the reply is full: a reply holds a few
+        // dozen to a few hundred entries, so pages are small and only
+        // about what one reply takes is made per request.
+        loop {
+            let entries = self.page(&listing, offset, plus)?;
+            let Some(last) = entries.last().map(|e| e.0) else {
+                return Ok(());
             };
-            if add(&entry) {
-                break;
+            let mut taken = Vec::new();
+            let mut full = false;
+            for (i, ino, attr, name) in &entries {
+                let entry = DirEntry {
+                    next_offset: (i + 1) as u64,
+                    ino: *ino,
+                    attr: *attr,
+                    name: name.clone(),
+                };
+                if add(&entry) {
+                    full = true;
+                    break;
+                }
+                if *i >= 2 {
+                    taken.push(*ino);
+                }
             }
-            if *i >= 2 {
-                taken.push(*ino);
-            }
-        }
-        if plus {
-            let mut inodes = lock(&self.inodes);
-            for ino in taken {
-                inodes.referenced(ino);
-            }
-            // A page's numbers are listed only while its reply is made:
-            // those the reply had no room for go now (a snapshot keeps its
-            // numbers until releasedir).
-            if matches!(*listing, DirListing::Paged { .. }) {
-                for (i, ino, _, _) in &entries {
-                    if *i >= 2 {
-                        inodes.unlisted(*ino);
+            if plus {
+                let mut inodes = lock(&self.inodes);
+                for ino in taken {
+                    inodes.referenced(ino);
+                }
+                // A page's numbers are listed only while its reply is
+                // made: those the reply had no room for go now (a
+                // snapshot keeps its numbers until releasedir).
+                if matches!(*listing, DirListing::Paged { .. }) {
+                    for (i, ino, _, _) in &entries {
+                        if *i >= 2 {
+                            inodes.unlisted(*ino);
+                        }
                     }
                 }
             }
+            // A snapshot's page is the rest of it.
+            if full || matches!(*listing, DirListing::Snapshot(_)) {
+                return Ok(());
+            }
+            offset = last + 1;
         }
-        Ok(())
     }
 
     /// RELEASEDIR: numbers of entries the kernel never took (a listing

@@ -18,8 +18,10 @@
 //! directory (`qemfs mount scan.qem /mnt/scan`). What of the source is
 //! shown (symbolic links, the mount point itself) is decided in `source`.
 
+pub mod budget;
 pub mod content;
 pub mod filesystem;
+mod prefetch;
 mod qem_view;
 mod semq_view;
 pub mod source;
@@ -72,8 +74,7 @@ pub struct BlockKey {
     pub codes: bool,
 }
 
-/// The decoded-block cache shared by every container of a tree.
-pub type BlockCache = crate::cache::BlockCache<BlockKey, Vec<u8>, TreeError>;
+pub use budget::{Budget, CacheKey};
 
 /// A node inside a container.
 #[derive(Clone)]
@@ -144,15 +145,18 @@ impl Directory for StaticDir {
 
 /// `info.json` of a `.qem` container (and `qem show --json`): the file's
 /// summary and the backend that computes its `virtual/` products.
-pub fn info_json(file: &QemFile, accelerator: &dyn Accelerator) -> serde_json::Value {
-    let mut info = file.info_json();
+pub fn info_json(
+    file: &QemFile,
+    accelerator: &dyn Accelerator,
+) -> Result<serde_json::Value, crate::qem::QemError> {
+    let mut info = file.info_json()?;
     if let Some(map) = info.as_object_mut() {
         map.insert(
             "reductions_backend".into(),
             accelerator.name().to_string().into(),
         );
     }
-    info
+    Ok(info)
 }
 
 /// What a path resolves to.
@@ -213,7 +217,7 @@ const LOGGED_REFUSALS: usize = 10_000;
 /// Options of a tree.
 #[derive(Clone)]
 pub struct TreeOptions {
-    /// Byte budget of the decoded-block cache.
+    /// The byte budget: decoded blocks and derived files held.
     pub cache_bytes: usize,
     /// The backend of `virtual/` products.
     pub accelerator: Arc<dyn Accelerator>,
@@ -298,13 +302,25 @@ pub fn format_of(name: &str) -> Option<Format> {
     }
 }
 
+/// Returns freed heap pages to the system. Opening a container parses its
+/// header into a tree many times the header's size and drops it; glibc's
+/// allocator keeps such freed pages resident, so without this each opened
+/// container's header stayed in the daemon's memory for good.
+pub(crate) fn give_back_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// A mirrored source folder (or one container file).
 pub struct Tree {
     root: PathBuf,
     sources: std::io::Result<source::Sources>,
     log: Log,
     logged: Mutex<HashSet<PathBuf>>,
-    cache: Arc<BlockCache>,
+    cache: Arc<Budget>,
     accelerator: Arc<dyn Accelerator>,
     detectors: DetectorOptions,
     opened: Mutex<lru::LruCache<PathBuf, Opened>>,
@@ -323,7 +339,7 @@ impl Tree {
             root,
             log: Arc::clone(&options.log),
             logged: Mutex::new(HashSet::new()),
-            cache: Arc::new(BlockCache::new(options.cache_bytes)),
+            cache: Arc::new(Budget::new(options.cache_bytes)),
             accelerator: Arc::clone(&options.accelerator),
             detectors: options.detectors.clone(),
             opened: Mutex::new(lru::LruCache::new(
@@ -356,7 +372,8 @@ impl Tree {
         &self.root
     }
 
-    pub fn cache(&self) -> &BlockCache {
+    /// The tree's byte budget (decoded blocks and derived files).
+    pub fn cache(&self) -> &Budget {
         &self.cache
     }
 
@@ -399,7 +416,7 @@ impl Tree {
                 Some(o) if o.stamp == now => (o.id, Arc::clone(&o.dir)),
                 found => {
                     if let Some(stale) = found.map(|o| o.id) {
-                        self.cache.remove_where(|k| k.view == stale);
+                        self.cache.remove_where(|k| k.view() == stale);
                     }
                     let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                     let slot = Arc::new(OnceLock::new());
@@ -413,7 +430,7 @@ impl Tree {
                     );
                     if let Some((path, closed)) = evicted {
                         if path != source {
-                            self.cache.remove_where(|k| k.view == closed.id);
+                            self.cache.remove_where(|k| k.view() == closed.id);
                         }
                     }
                     (id, slot)
@@ -424,7 +441,9 @@ impl Tree {
     }
 
     fn open_dir(&self, source: &Path, format: Format, id: u64) -> Arc<dyn Directory> {
-        match self.try_open_dir(source, format, id) {
+        let opened = self.try_open_dir(source, format, id);
+        give_back_freed_memory();
+        match opened {
             Ok(dir) => dir,
             Err(reason) => {
                 let mut entries = BTreeMap::new();
@@ -470,7 +489,7 @@ impl Tree {
     fn forget(&self, source: &Path) {
         let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(o) = opened.pop(source) {
-            self.cache.remove_where(|k| k.view == o.id);
+            self.cache.remove_where(|k| k.view() == o.id);
         }
     }
 

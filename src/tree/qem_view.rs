@@ -17,9 +17,9 @@ use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
-use super::content::{copy_range, Bytes, Content, Lazy, Passthrough};
+use super::content::{copy_range, Content, Lazy, Passthrough};
+use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
 use super::{virtual_dir, zarr_view};
-use super::{BlockCache, BlockKey, Directory, Entry, StaticDir, TreeError};
 
 /// An opened `.qem` file shared by all of its nodes.
 pub struct QemView {
@@ -28,7 +28,7 @@ pub struct QemView {
     id: u64,
     name: String,
     file: QemFile,
-    cache: Arc<BlockCache>,
+    cache: Arc<Budget>,
     /// The last block a dense read touched, to spot sequential reading.
     last_block: AtomicUsize,
     /// Float files: the whole-array checksum, fed by sequential readers of
@@ -49,6 +49,12 @@ impl QemView {
         &self.file
     }
 
+    /// The budget this opening's blocks and products are held in, and
+    /// the opening's number there.
+    pub(super) fn budget(&self) -> (&Arc<Budget>, u64) {
+        (&self.cache, self.id)
+    }
+
     pub(super) fn decode_error(&self, e: impl std::fmt::Display) -> TreeError {
         TreeError::Decode {
             file: self.name.clone(),
@@ -64,7 +70,7 @@ impl QemView {
             block: index,
             codes,
         };
-        self.cache.get_or_load(&key, || {
+        self.cache.get_or_load(key, || {
             let faults = self.file.faults();
             let info = self
                 .file
@@ -88,45 +94,44 @@ impl QemView {
         })
     }
 
-    /// Starts decoding block `index` in the background unless it is cached
-    /// or already being decoded (asked for by a read of block `index - 1`).
+    /// Asks the bounded prefetcher to decode block `index` in the
+    /// background unless it is cached or already being decoded (asked for
+    /// by a read of block `index - 1`). Its memory is reserved in the
+    /// budget until the block is in the cache.
     fn prefetch(self: &Arc<Self>, index: usize, codes: bool) {
-        if index >= self.file.blocks().len() {
+        let Some(info) = self.file.blocks().get(index) else {
             return;
-        }
+        };
         let key = BlockKey {
             view: self.id,
             block: index,
             codes,
         };
-        if self.cache.is_present_or_loading(&key) {
+        if self.cache.is_present_or_loading(key) {
             return;
         }
+        let bytes = if codes {
+            2 * info.frames * self.file.pixels()
+        } else {
+            info.decoded_bytes
+        };
         let view = Arc::clone(self);
-        // A plain thread, not a rayon task: the load may wait on another
-        // reader's decode of the same block, and a rayon worker waiting
-        // inside a join could be handed that very decode's caller and
-        // deadlock. Decoding itself still runs on the rayon pool.
-        let spawned = std::thread::Builder::new()
-            .name("qemfs-prefetch".into())
-            .spawn(move || {
-                // The block whose read asked for this one is gone when the
-                // container was closed (its blocks dropped) before this
-                // thread ran: a late prefetch must not load a closed
-                // view's block back into the cache.
-                let asked_by = index.checked_sub(1).map(|block| BlockKey {
-                    view: view.id,
-                    block,
-                    codes,
-                });
-                if asked_by.is_some_and(|k| !view.cache.is_present_or_loading(&k)) {
-                    return;
-                }
-                // A failure surfaces when a reader asks for the block itself.
-                let _ = view.block(index, codes);
+        prefetch::submit(&self.cache, bytes, move || {
+            // The block whose read asked for this one is gone when the
+            // container was closed (its blocks dropped) before this ran:
+            // a late prefetch must not load a closed view's block back
+            // into the cache.
+            let asked_by = index.checked_sub(1).map(|block| BlockKey {
+                view: view.id,
+                block,
+                codes,
             });
-        // Without a thread the read simply is not prefetched.
-        drop(spawned);
+            if asked_by.is_some_and(|k| !view.cache.is_present_or_loading(k)) {
+                return;
+            }
+            // A failure surfaces when a reader asks for the block itself.
+            let _ = view.block(index, codes);
+        });
     }
 
     pub(super) fn element_size(&self, codes: bool) -> usize {
@@ -480,7 +485,7 @@ pub fn directory(
     id: u64,
     source: &Path,
     file: QemFile,
-    cache: Arc<BlockCache>,
+    cache: Arc<Budget>,
     accelerator: Arc<dyn Accelerator>,
     detectors: DetectorOptions,
 ) -> Result<Arc<dyn Directory>, TreeError> {
@@ -504,28 +509,54 @@ pub fn directory(
         s.push('\n');
         s.into_bytes()
     };
+    // The two documents that hold the whole header are made from the file
+    // when read and held in the budget: the header is not kept parsed
+    // (see QemFile::header_object). Their sizes are found now.
+    let header_json = move |v: &QemView| -> Result<Vec<u8>, TreeError> {
+        let faults = v.file.faults();
+        let header = v.file.header_object().map_err(|e| v.decode_error(e))?;
+        let bytes = text(&serde_json::Value::Object(header));
+        super::give_back_freed_memory();
+        if v.file.faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
+        Ok(bytes)
+    };
+    let info = Arc::clone(&accelerator);
+    let info_json = move |v: &QemView| -> Result<Vec<u8>, TreeError> {
+        let faults = v.file.faults();
+        let doc = super::info_json(&v.file, &*info).map_err(|e| v.decode_error(e))?;
+        let bytes = text(&doc);
+        drop(doc);
+        super::give_back_freed_memory();
+        if v.file.faults() != faults {
+            return Err(TreeError::SourceChanged);
+        }
+        Ok(bytes)
+    };
 
     entries.insert(
         "raw.qem".into(),
         Entry::File(Arc::new(Passthrough::new(source, file.file_bytes() as u64))),
     );
-    entries.insert(
-        "header.json".into(),
-        Entry::File(Arc::new(Bytes::new(text(&serde_json::Value::Object(
-            file.header().raw.clone(),
-        ))))),
-    );
-    entries.insert(
-        "info.json".into(),
-        Entry::File(Arc::new(Bytes::new(text(&super::info_json(
-            file,
-            &*accelerator,
-        ))))),
-    );
+    for (name, make) in [
+        (
+            "header.json",
+            Arc::new(header_json) as Arc<dyn Fn(&QemView) -> _ + Send + Sync>,
+        ),
+        ("info.json", Arc::new(info_json)),
+    ] {
+        let size = make(&view)?.len() as u64;
+        let v = Arc::clone(&view);
+        entries.insert(
+            name.into(),
+            Entry::File(Arc::new(Lazy::new(&view.cache, id, size, move || make(&v)))),
+        );
+    }
     let (v, source_path) = (Arc::clone(&view), source.to_path_buf());
     entries.insert(
         "sha256".into(),
-        Entry::File(Arc::new(Lazy::new(65, move || {
+        Entry::File(Arc::new(Lazy::new(&view.cache, id, 65, move || {
             let digest = v
                 .file
                 .file_sha256_hex(&source_path)
@@ -536,7 +567,7 @@ pub fn directory(
     let v = Arc::clone(&view);
     entries.insert(
         "logical_sha256".into(),
-        Entry::File(Arc::new(Lazy::new(65, move || {
+        Entry::File(Arc::new(Lazy::new(&view.cache, id, 65, move || {
             // Float files: refused when it disagrees with logical_sha256.
             let mut digest = v.file.logical_digest();
             for block in v.file.blocks() {
@@ -579,7 +610,7 @@ pub fn directory(
         let mask = mask.clone();
         entries.insert(
             "mask.npy".into(),
-            Entry::File(Arc::new(Lazy::new(size, move || {
+            Entry::File(Arc::new(Lazy::new(&view.cache, id, size, move || {
                 let mut out = header.clone();
                 out.extend(mask.flags());
                 Ok(out)

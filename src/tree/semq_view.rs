@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::io::Write as _;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -11,24 +12,65 @@ use crate::python_json::Separators;
 use crate::semq::report::{escape_human, push_config, push_json_string, show_json};
 use crate::semq::{to_hex, Encoding, IdRef};
 
-use super::content::{Bytes, Content, Lazy, Passthrough};
+use super::content::{copy_range, Bytes, Content, Passthrough, Windowed};
 use super::{Directory, Entry, StaticDir, TreeError};
+use crate::semq::rows;
 
-/// One id per line, control characters escaped as `semq show` prints them.
-fn ids_text(e: &Encoding) -> Vec<u8> {
-    let mut out = String::with_capacity(e.len() * 12);
-    for id in e.ids() {
-        match id {
-            IdRef::U64(v) => {
-                let _ = writeln!(out, "{v}");
-            }
-            IdRef::Utf8(s) => {
-                out.push_str(&escape_human(s));
-                out.push('\n');
-            }
+/// The line of the id at sorted index `i`, as `semq show` prints it
+/// (control characters escaped).
+fn id_line(e: &Encoding, i: usize, out: &mut Vec<u8>) {
+    match e.id(i) {
+        Some(IdRef::U64(v)) => {
+            let _ = writeln!(out, "{v}");
         }
+        Some(IdRef::Utf8(s)) => {
+            out.extend_from_slice(escape_human(s).as_bytes());
+            out.push(b'\n');
+        }
+        // (Cannot happen: the file was verified whole.)
+        None => out.push(b'\n'),
     }
-    out.into_bytes()
+}
+
+/// Ids per mark of `ids.txt`'s offset index.
+const IDS_PER_MARK: usize = 1024;
+
+/// `ids.txt`, one id per line, made per read from the mapped ids: its size
+/// and the offset of every [`IDS_PER_MARK`]th line are found when the file
+/// is opened, so a read starts at the nearest mark (8 bytes per 1024 ids
+/// held, never the text).
+fn ids_file(e: &Encoding) -> Arc<dyn Content> {
+    let mut marks = Vec::with_capacity(e.len() / IDS_PER_MARK + 1);
+    let mut size = 0u64;
+    let mut line = Vec::new();
+    for i in 0..e.len() {
+        if i % IDS_PER_MARK == 0 {
+            marks.push(size);
+        }
+        line.clear();
+        id_line(e, i, &mut line);
+        size += line.len() as u64;
+    }
+    let e = e.clone();
+    Arc::new(Windowed::new(size, move |offset, buf: &mut [u8]| {
+        let mut line = Vec::new();
+        let faults = e.faults();
+        let mark = marks.partition_point(|&m| m <= offset).saturating_sub(1);
+        let (mut i, mut at) = (mark * IDS_PER_MARK, marks.get(mark).copied().unwrap_or(0));
+        let mut done = 0;
+        while done < buf.len() && i < e.len() {
+            line.clear();
+            id_line(&e, i, &mut line);
+            let end = at + line.len() as u64;
+            if end > offset {
+                let from = offset.saturating_sub(at) as usize;
+                done += copy_range(&line, from as u64, &mut buf[done..]);
+            }
+            at = end;
+            i += 1;
+        }
+        unchanged(&e, faults)
+    }))
 }
 
 fn manifest_json(e: &Encoding) -> Vec<u8> {
@@ -95,10 +137,18 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
         "state_id".into(),
         file(Arc::new(Bytes::new(format!("{}\n", to_hex(e.state_id()))))),
     );
-    entries.insert("ids.txt".into(), file(Arc::new(Bytes::new(ids_text(&e)))));
+    entries.insert("ids.txt".into(), file(ids_file(&e)));
+    let rows = e.clone();
     entries.insert(
         "rows.bin".into(),
-        file(Arc::new(Bytes::new(e.rows_section().to_vec()))),
+        file(Arc::new(Windowed::new(
+            e.rows_section().len() as u64,
+            move |offset, buf: &mut [u8]| {
+                let faults = rows.faults();
+                copy_range(rows.rows_section(), offset, buf);
+                unchanged(&rows, faults)
+            },
+        ))),
     );
 
     let xattrs = vec![
@@ -135,31 +185,80 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
     let enc = e.clone();
     entries.insert(
         "symbols.npy".into(),
-        file(Arc::new(Lazy::new(
-            (symbols_header.len() + n * units) as u64,
-            move || {
-                let faults = enc.faults();
-                let mut out = symbols_header.clone();
-                out.extend_from_slice(&enc.unpack());
-                unchanged(&enc, faults)?;
-                Ok(out)
+        file(Arc::new(npy_rows(
+            symbols_header,
+            n,
+            units,
+            move |rows, out| {
+                for (i, dst) in rows.zip(out.chunks_exact_mut(units)) {
+                    if let Some(row) = enc.row(i) {
+                        rows::unpack(&config, row, dst);
+                    }
+                }
             },
+            e.clone(),
         ))),
     );
+    let enc = e.clone();
     entries.insert(
         "vectors.npy".into(),
-        file(Arc::new(Lazy::new(
-            (vectors_header.len() + n * dim * 4) as u64,
-            move || {
-                let faults = e.faults();
-                let mut out = vectors_header.clone();
-                out.extend(e.decode().iter().flat_map(|v| v.to_le_bytes()));
-                unchanged(&e, faults)?;
-                Ok(out)
+        file(Arc::new(npy_rows(
+            vectors_header,
+            n,
+            dim * 4,
+            move |rows, out| {
+                let values = enc.decode_rows(rows);
+                for (dst, v) in out.chunks_exact_mut(4).zip(values) {
+                    dst.copy_from_slice(&v.to_le_bytes());
+                }
             },
+            e,
         ))),
     );
     Ok(Arc::new(StaticDir::new(entries).with_xattrs(xattrs)))
+}
+
+/// Rows of this many bytes at most are made per piece of a read.
+const WINDOW_BYTES: usize = 1 << 20;
+
+/// An `.npy` of `n` rows of `row_bytes` each after `header`, made per
+/// read: `fill(rows, out)` writes the bytes of sorted rows `rows` into
+/// `out`, from the mapped `.semq` (a read of `vectors.npy` decodes only
+/// the rows it covers; nothing is built whole or held).
+fn npy_rows(
+    header: Vec<u8>,
+    n: usize,
+    row_bytes: usize,
+    fill: impl Fn(std::ops::Range<usize>, &mut [u8]) + Send + Sync + 'static,
+    e: Encoding,
+) -> impl Content {
+    let h = header.len() as u64;
+    let size = h + (n * row_bytes) as u64;
+    Windowed::new(size, move |offset, buf: &mut [u8]| {
+        let faults = e.faults();
+        let mut done = 0;
+        if offset < h {
+            done = copy_range(&header, offset, buf);
+        }
+        let rows_per_window = (WINDOW_BYTES / row_bytes.max(1)).max(1);
+        let mut window = Vec::new();
+        while done < buf.len() && row_bytes > 0 {
+            let at = offset + done as u64 - h;
+            let first = (at / row_bytes as u64) as usize;
+            let want = buf.len() - done;
+            let last = ((at + want as u64).div_ceil(row_bytes as u64) as usize)
+                .min(n)
+                .min(first + rows_per_window);
+            if last <= first {
+                break;
+            }
+            window.resize((last - first) * row_bytes, 0);
+            fill(first..last, &mut window);
+            let skip = at - (first * row_bytes) as u64;
+            done += copy_range(&window, skip, &mut buf[done..]);
+        }
+        unchanged(&e, faults)
+    })
 }
 
 /// Fails when `encoding`'s mapping faulted since it counted `faults`: the

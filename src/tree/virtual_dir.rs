@@ -13,12 +13,14 @@
 //! are made on lookup, not listed, and kept for repeated reads.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::num::NonZeroUsize;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
-use super::content::Lazy;
+use super::budget::{Budget, CacheKey, Charged};
+use super::content::{copy_range, Lazy, Windowed};
 use super::qem_view::QemView;
 use super::{Directory, Entry, TreeError};
 use crate::export::png;
@@ -37,31 +39,75 @@ use crate::reduce::{
 /// known before the disk is found.
 const DETECTORS_JSON_BYTES: usize = 4096;
 
-/// Computed once, by one caller at a time; a failure is not kept, so a
-/// later read retries.
+/// Computed once, by one caller at a time, and held in the tree's budget
+/// (computed again if it was evicted); a failure is not kept, so a later
+/// read retries.
 struct Shared<T> {
-    value: OnceLock<Arc<T>>,
+    budget: Arc<Budget>,
+    key: CacheKey,
     busy: Mutex<()>,
+    kind: PhantomData<fn() -> T>,
 }
 
-impl<T> Shared<T> {
-    fn new() -> Self {
+impl<T: Charged> Shared<T> {
+    fn new(view: &QemView) -> Self {
+        let (budget, id) = view.budget();
         Shared {
-            value: OnceLock::new(),
+            budget: Arc::clone(budget),
+            key: budget.derived(id),
             busy: Mutex::new(()),
+            kind: PhantomData,
         }
     }
 
     fn get(&self, make: impl FnOnce() -> Result<T, TreeError>) -> Result<Arc<T>, TreeError> {
-        if let Some(v) = self.value.get() {
-            return Ok(Arc::clone(v));
+        if let Some(v) = self.budget.get(self.key) {
+            return Ok(v);
         }
         let _turn = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(v) = self.value.get() {
-            return Ok(Arc::clone(v));
+        if let Some(v) = self.budget.get(self.key) {
+            return Ok(v);
         }
         let v = Arc::new(make()?);
-        Ok(Arc::clone(self.value.get_or_init(|| v)))
+        self.budget.keep(self.key, Arc::clone(&v));
+        Ok(v)
+    }
+}
+
+fn image_bytes(image: &Image) -> usize {
+    let element = match image {
+        Image::U64(_) | Image::F64(_) => 8,
+        Image::F32(_) => 4,
+    };
+    image.len() * element
+}
+
+impl Charged for Image {
+    fn charge(&self) -> usize {
+        image_bytes(self)
+    }
+}
+
+impl<const N: usize> Charged for [Image; N] {
+    fn charge(&self) -> usize {
+        self.iter().map(image_bytes).sum()
+    }
+}
+
+impl Charged for Full {
+    fn charge(&self) -> usize {
+        let max = match &self.max_dp {
+            MaxPattern::U8(v) => v.len(),
+            MaxPattern::U16(v) => v.len() * 2,
+            MaxPattern::F32(v) => v.len() * 4,
+        };
+        self.com.charge() + image_bytes(&self.mean_dp) + max
+    }
+}
+
+impl Charged for Geometry {
+    fn charge(&self) -> usize {
+        std::mem::size_of::<Geometry>()
     }
 }
 
@@ -201,28 +247,36 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// An `.npy` of `shape` whose data bytes `data` produces.
+/// An `.npy` of `shape` whose data bytes `data` produces (small: a
+/// detector-sized pattern or profile), held in the budget.
 fn npy_file(
+    view: &QemView,
     dtype: DType,
     shape: &[usize],
     data: impl Fn() -> Result<Vec<u8>, TreeError> + Send + Sync + 'static,
 ) -> Entry {
     let header = npy::encode_header(dtype, shape);
     let size = header.len() + dtype.size() * shape.iter().product::<usize>();
-    Entry::File(Arc::new(Lazy::new(size as u64, move || {
+    let (budget, id) = view.budget();
+    Entry::File(Arc::new(Lazy::new(budget, id, size as u64, move || {
         let mut out = header.clone();
         out.extend_from_slice(&data()?);
         Ok(out)
     })))
 }
 
-/// A preview of `shape` from the values `values` produces.
+/// A preview of `shape` from the values `values` produces, held in the
+/// budget (a PNG is compressed whole, so it is not made by windows).
 fn png_file(
+    view: &QemView,
     shape: [usize; 2],
     values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + 'static,
 ) -> Entry {
     let (rows, columns) = (shape[0] as u32, shape[1] as u32);
+    let (budget, id) = view.budget();
     Entry::File(Arc::new(Lazy::new(
+        budget,
+        id,
         png::preview_len(rows, columns),
         move || Ok(png::preview(rows, columns, &values()?)),
     )))
@@ -237,50 +291,114 @@ fn npy_dtype(kind: ImageKind) -> DType {
     }
 }
 
-/// The `.npy` of an image whose kind is known before it is computed; a
-/// value of another kind is an internal error, not a wrong-sized file.
+/// `values` checked against what was announced: an image of another kind
+/// or size is an internal error, not a wrong-sized file.
+fn announced(
+    kind: ImageKind,
+    shape: [usize; 2],
+    values: &dyn Fn() -> Result<Arc<Image>, TreeError>,
+) -> Result<Arc<Image>, TreeError> {
+    let image = values()?;
+    let got = match *image {
+        Image::U64(_) => ImageKind::U64,
+        Image::F64(_) => ImageKind::F64,
+        Image::F32(_) => ImageKind::F32,
+    };
+    if got != kind || image.len() != shape[0] * shape[1] {
+        return Err(TreeError::Internal(format!(
+            "an image of {got:?} × {} where {kind:?} × {} was announced",
+            image.len(),
+            shape[0] * shape[1]
+        )));
+    }
+    Ok(image)
+}
+
+/// Little-endian bytes of values `range` of `image`.
+fn le_bytes(image: &Image, range: std::ops::Range<usize>) -> Vec<u8> {
+    match image {
+        Image::U64(v) => v[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Image::F64(v) => v[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
+        Image::F32(v) => v[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
+    }
+}
+
+/// Float32 bytes of values `range` of `image` (what a preview shows).
+fn f32_le_bytes(image: &Image, range: std::ops::Range<usize>) -> Vec<u8> {
+    range
+        .flat_map(|i| (image.get(i).unwrap_or(0.0) as f32).to_le_bytes())
+        .collect()
+}
+
+/// Bytes `[at, at + buf.len())` of the values of `image`, `element` bytes
+/// each, as `encode` writes a range of them; past the values, zeros.
+fn fill_values(
+    image: &Image,
+    element: usize,
+    at: u64,
+    buf: &mut [u8],
+    encode: fn(&Image, std::ops::Range<usize>) -> Vec<u8>,
+) -> usize {
+    let first = (at / element as u64) as usize;
+    let end = (at + buf.len() as u64).div_ceil(element as u64) as usize;
+    let (first, end) = (first.min(image.len()), end.min(image.len()));
+    let bytes = encode(image, first..end);
+    let done = copy_range(&bytes, at - (first * element) as u64, buf);
+    // The padding of a TIFF page.
+    buf[done..].fill(0);
+    buf.len()
+}
+
+/// The `.npy` of an image whose kind is known before it is computed, made
+/// per read from the image held in the budget (never a second copy).
 fn image_npy(
     kind: ImageKind,
     shape: [usize; 2],
     values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
 ) -> Entry {
-    npy_file(npy_dtype(kind), &shape, move || {
-        let image = values()?;
-        let got = match *image {
-            Image::U64(_) => ImageKind::U64,
-            Image::F64(_) => ImageKind::F64,
-            Image::F32(_) => ImageKind::F32,
-        };
-        if got != kind || image.len() != shape[0] * shape[1] {
-            return Err(TreeError::Internal(format!(
-                "an image of {got:?} × {} where {kind:?} × {} was announced",
-                image.len(),
-                shape[0] * shape[1]
-            )));
-        }
-        Ok(image.le_bytes())
-    })
+    let dtype = npy_dtype(kind);
+    let header = npy::encode_header(dtype, &shape);
+    let h = header.len() as u64;
+    let size = h + (dtype.size() * shape[0] * shape[1]) as u64;
+    Entry::File(Arc::new(Windowed::new(
+        size,
+        move |offset, buf: &mut [u8]| {
+            let mut done = 0;
+            if offset < h {
+                done = copy_range(&header, offset, buf);
+            }
+            if done < buf.len() {
+                let image = announced(kind, shape, &values)?;
+                let at = offset + done as u64 - h;
+                fill_values(&image, dtype.size(), at, &mut buf[done..], le_bytes);
+            }
+            Ok(())
+        },
+    )))
 }
 
 /// A float32 TIFF that carries the image's sampling (scan step or detector
-/// sampling), so Fiji and hyperspy show it to scale.
+/// sampling), so Fiji and hyperspy show it to scale; made per read from
+/// the image held in the budget.
 fn tiff_file(
+    kind: ImageKind,
     shape: [usize; 2],
     sampling: &Sampling,
-    values: impl Fn() -> Result<Vec<f32>, TreeError> + Send + Sync + 'static,
+    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
 ) -> Option<Entry> {
     // A 2-D image always fits (axes are below 2^24).
     let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling)?;
-    Some(Entry::File(Arc::new(Lazy::new(
+    Some(Entry::File(Arc::new(Windowed::new(
         layout.total_len(),
-        move || {
-            let mut pixels = f32_bytes(&values()?);
-            pixels.resize(layout.page_data_len() as usize, 0);
-            let mut out = Vec::with_capacity(layout.total_len() as usize);
-            layout
-                .write(&mut out, |_, w| std::io::Write::write_all(w, &pixels))
-                .map_err(|e| TreeError::Internal(e.to_string()))?;
-            Ok(out)
+        move |offset, buf: &mut [u8]| {
+            let n = layout.read_at(offset, buf, |at, out| {
+                let image = announced(kind, shape, &values)?;
+                Ok::<_, TreeError>(fill_values(&image, 4, at, out, f32_le_bytes))
+            })?;
+            if n != buf.len() {
+                return Err(TreeError::Internal("a TIFF shorter than announced".into()));
+            }
+            Ok(())
         },
     ))))
 }
@@ -289,6 +407,7 @@ fn tiff_file(
 /// sampling, for Fiji and hyperspy; the exact values are the .npy's) and
 /// `NAME.png`.
 fn image_pair(
+    view: &QemView,
     entries: &mut BTreeMap<String, Entry>,
     name: &str,
     shape: [usize; 2],
@@ -298,13 +417,12 @@ fn image_pair(
 ) {
     let v = values.clone();
     entries.insert(format!("{name}.npy"), image_npy(kind, shape, v));
-    let v = values.clone();
-    if let Some(tiff) = tiff_file(shape, sampling, move || Ok(preview_values(&*v()?))) {
+    if let Some(tiff) = tiff_file(kind, shape, sampling, values.clone()) {
         entries.insert(format!("{name}.tiff"), tiff);
     }
     entries.insert(
         format!("{name}.png"),
-        png_file(shape, move || Ok(preview_values(&*values()?))),
+        png_file(view, shape, move || Ok(preview_values(&*values()?))),
     );
 }
 
@@ -347,26 +465,30 @@ pub(super) fn directory(
     let decoded = file.decoded_dtype();
     let [sum_kind, mean_kind] = image_kinds(codec);
     let p = Arc::new(Products {
+        geometry: Shared::new(&view),
+        images: Shared::new(&view),
+        full: Shared::new(&view),
+        sums: Shared::new(&view),
         view,
         accelerator,
         options,
-        geometry: Shared::new(),
-        images: Shared::new(),
-        full: Shared::new(),
-        sums: Shared::new(),
     });
+    let view = &*Arc::clone(&p.view);
     let mut entries = BTreeMap::new();
 
     let q = Arc::clone(&p);
     entries.insert(
         "detectors.json".to_string(),
         Entry::File(Arc::new(Lazy::new(
+            view.budget().0,
+            view.budget().1,
             DETECTORS_JSON_BYTES as u64,
             move || q.detectors_json(),
         ))),
     );
     let q = Arc::clone(&p);
     image_pair(
+        view,
         &mut entries,
         "sum",
         scan,
@@ -377,6 +499,7 @@ pub(super) fn directory(
     for (k, name) in ["bf", "abf", "adf", "haadf"].into_iter().enumerate() {
         let q = Arc::clone(&p);
         image_pair(
+            view,
             &mut entries,
             name,
             scan,
@@ -388,6 +511,7 @@ pub(super) fn directory(
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
         let q = Arc::clone(&p);
         image_pair(
+            view,
             &mut entries,
             name,
             scan,
@@ -403,6 +527,7 @@ pub(super) fn directory(
     ] {
         let q = Arc::clone(&p);
         image_pair(
+            view,
             &mut entries,
             name,
             scan,
@@ -422,6 +547,7 @@ pub(super) fn directory(
     // iDPC: the field whose gradient is the centre-of-mass field.
     let q = Arc::clone(&p);
     image_pair(
+        view,
         &mut entries,
         "idpc",
         scan,
@@ -440,7 +566,7 @@ pub(super) fn directory(
     let q = Arc::clone(&p);
     entries.insert(
         "radial_profile.npy".into(),
-        npy_file(DType::F64, &[radial_bins(detector)], move || {
+        npy_file(view, DType::F64, &[radial_bins(detector)], move || {
             let geometry = q.geometry()?;
             let mean = q.full()?.mean_dp.to_f64();
             let reducer = q.reducer()?;
@@ -450,6 +576,7 @@ pub(super) fn directory(
     );
     let q = Arc::clone(&p);
     image_pair(
+        view,
         &mut entries,
         "mean_dp",
         detector,
@@ -465,7 +592,7 @@ pub(super) fn directory(
     let q = Arc::clone(&p);
     entries.insert(
         "max_dp.npy".into(),
-        npy_file(max_dtype, &detector, move || {
+        npy_file(view, max_dtype, &detector, move || {
             Ok(match &q.full()?.max_dp {
                 MaxPattern::U8(v) => v.clone(),
                 MaxPattern::U16(v) => v.iter().flat_map(|x| x.to_le_bytes()).collect(),
@@ -476,7 +603,7 @@ pub(super) fn directory(
     let q = Arc::clone(&p);
     entries.insert(
         "max_dp.png".into(),
-        png_file(detector, move || {
+        png_file(view, detector, move || {
             Ok(match &q.full()?.max_dp {
                 MaxPattern::U8(v) => v.iter().map(|&x| f32::from(x)).collect(),
                 MaxPattern::U16(v) => v.iter().map(|&x| f32::from(x)).collect(),
@@ -576,9 +703,10 @@ impl VirtualDir {
             return Some(entry.clone());
         }
         let p = Arc::clone(&self.products);
+        let view = Arc::clone(&p.view);
         let [sr, sc, r, c] = p.view.file().shape();
         let [sum_kind, mean_kind] = image_kinds(p.view.file().codec());
-        let image = Arc::new(Shared::<Image>::new());
+        let image = Arc::new(Shared::<Image>::new(&p.view));
         let (kind, values): (ImageKind, ImageSource) = match product {
             Custom::Detector(center, shape) => (
                 sum_kind,
@@ -617,7 +745,7 @@ impl VirtualDir {
                     self.coms
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .get_or_insert(key, || Arc::new(Shared::new())),
+                        .get_or_insert(key, || Arc::new(Shared::new(&p.view))),
                 );
                 (
                     mean_kind,
@@ -641,7 +769,7 @@ impl VirtualDir {
         let values: Arc<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync> =
             Arc::from(values);
         let entry = if preview {
-            png_file([sr, sc], move || Ok(preview_values(&*values()?)))
+            png_file(&view, [sr, sc], move || Ok(preview_values(&*values()?)))
         } else {
             image_npy(kind, [sr, sc], move || values())
         };

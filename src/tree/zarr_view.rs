@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::content::{Bytes, Content};
+use super::content::{copy_range, Bytes, Content, Windowed};
 use super::qem_view::QemView;
 use super::{Directory, Entry, StaticDir, TreeError};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -101,8 +101,11 @@ fn file_entry(bytes: Vec<u8>) -> Entry {
 enum Chunks {
     /// The 4-D array: decoded values, or stored codes.
     Dense { view: Arc<QemView>, codes: bool },
-    /// A small array held whole (coordinates, the mask): one chunk.
+    /// A small array held whole (the mask): one chunk.
     Whole(Arc<[u8]>),
+    /// A coordinate array, one chunk made per read (never held: an axis
+    /// of millions of scan rows would be a large copy per container).
+    Coordinate(Arc<layout::Coordinate>),
 }
 
 /// An array directory: metadata files and chunk files made on lookup.
@@ -125,6 +128,19 @@ impl ArrayDir {
     fn chunk(&self, index: &[usize]) -> Entry {
         match &self.chunks {
             Chunks::Whole(bytes) => Entry::File(Arc::new(Bytes(Arc::clone(bytes)))),
+            Chunks::Coordinate(c) => {
+                let c = Arc::clone(c);
+                Entry::File(Arc::new(Windowed::new(
+                    (c.size * 8) as u64,
+                    move |offset, buf: &mut [u8]| {
+                        let first = (offset / 8) as usize;
+                        let end = (offset + buf.len() as u64).div_ceil(8) as usize;
+                        let bytes = c.le_bytes(first..end.min(c.size));
+                        copy_range(&bytes, offset % 8, buf);
+                        Ok(())
+                    },
+                )))
+            }
             Chunks::Dense { view, codes } => Entry::File(Arc::new(DenseChunk {
                 view: Arc::clone(view),
                 codes: *codes,
@@ -259,10 +275,10 @@ impl Content for DenseChunk {
 }
 
 /// A coordinate array and its one chunk.
-fn coordinate(file: &QemFile, axis: usize) -> (ArrayMeta, Arc<[u8]>) {
+fn coordinate(file: &QemFile, axis: usize) -> (ArrayMeta, Chunks) {
     let c = layout::coordinate(file, axis);
-    let size = c.values.len();
-    let bytes: Vec<u8> = c.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let size = c.size;
+    let attributes = c.attributes.clone();
     (
         ArrayMeta {
             shape: vec![size],
@@ -271,9 +287,9 @@ fn coordinate(file: &QemFile, axis: usize) -> (ArrayMeta, Arc<[u8]>) {
             v2_type: "<f8",
             fill: json!(0.0),
             dimensions: vec![DIMENSIONS[axis]],
-            attributes: c.attributes,
+            attributes,
         },
-        Arc::from(bytes),
+        Chunks::Coordinate(Arc::new(c)),
     )
 }
 
@@ -336,8 +352,8 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
         ));
     }
     for (axis, name) in DIMENSIONS.iter().enumerate() {
-        let (meta, values) = coordinate(file, axis);
-        arrays.push((name, meta, Chunks::Whole(values)));
+        let (meta, chunks) = coordinate(file, axis);
+        arrays.push((name, meta, chunks));
     }
 
     let group_attrs = layout::group_attributes(file, source_name);

@@ -62,7 +62,7 @@ fn quantity(q: &Quantity) -> Value {
 /// The group's attributes: what the array is and where it came from,
 /// under one `qem` member.
 pub fn group_attributes(file: &QemFile, source_name: &str) -> Map<String, Value> {
-    let header = &file.header().raw;
+    let header = file.header();
     let metadata = file.metadata();
     let mut qem = Map::new();
     qem.insert("source".into(), source_name.into());
@@ -70,10 +70,9 @@ pub fn group_attributes(file: &QemFile, source_name: &str) -> Map<String, Value>
     qem.insert("stored_dtype".into(), file.stored_dtype().name().into());
     // The file's own identities: the per-64 MiB body digests, and for float
     // files the digest of the decoded array.
-    for key in ["sha256", "logical_sha256"] {
-        if let Some(v) = header.get(key) {
-            qem.insert(key.into(), v.clone());
-        }
+    qem.insert("sha256".into(), json!(header.sha256));
+    if let Some(digest) = &header.logical_sha256 {
+        qem.insert("logical_sha256".into(), digest.as_str().into());
     }
     let calibration: Map<String, Value> = metadata
         .electron_microscope
@@ -138,10 +137,21 @@ pub fn mask_bytes(file: &QemFile) -> Option<Vec<u8>> {
     Some(file.valid_mask()?.flags())
 }
 
-/// A coordinate array of one dimension.
+/// A coordinate array of one dimension: `size` values `i × step`, made
+/// when asked for (an axis of 16.7 M scan rows is 134 MB of them).
 pub struct Coordinate {
-    pub values: Vec<f64>,
+    pub size: usize,
+    pub step: f64,
     pub attributes: Map<String, Value>,
+}
+
+impl Coordinate {
+    /// Little-endian float64 bytes of values `range`.
+    pub fn le_bytes(&self, range: std::ops::Range<usize>) -> Vec<u8> {
+        range
+            .flat_map(|i| (i as f64 * self.step).to_le_bytes())
+            .collect()
+    }
 }
 
 /// Index × sampling along `axis`, in the axis's unit when the file is
@@ -163,7 +173,8 @@ pub fn coordinate(file: &QemFile, axis: usize) -> Coordinate {
         attributes.insert("sampling".into(), quantity(q));
     }
     Coordinate {
-        values: (0..size).map(|i| i as f64 * step).collect(),
+        size,
+        step,
         attributes,
     }
 }

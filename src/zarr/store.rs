@@ -97,12 +97,12 @@ pub struct StoreSummary {
 /// converting back recreates the same file content.
 const LAYOUT_MEMBERS: &[&str] = &["chunks", "bytes", "sha256", "logical_sha256"];
 
-fn kept_header(file: &QemFile) -> Map<String, Value> {
-    let mut header = file.header().raw.clone();
+fn kept_header(file: &QemFile) -> Result<Map<String, Value>, crate::qem::QemError> {
+    let mut header = file.header_object()?;
     for k in LAYOUT_MEMBERS {
         header.remove(*k);
     }
-    header
+    Ok(header)
 }
 
 fn zarr_type(d: Dtype) -> DataType {
@@ -317,7 +317,8 @@ pub fn write_store(
 
     let mut attributes = layout::group_attributes(file, source_name);
     if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
-        qem.insert("header".into(), Value::Object(kept_header(file)));
+        let kept = kept_header(file).map_err(|e| fail(target, format!("{source_name}: {e}")))?;
+        qem.insert("header".into(), Value::Object(kept));
     }
     let mut group = GroupBuilder::new()
         .build(Arc::clone(&store), "/")
@@ -393,7 +394,7 @@ pub fn write_store(
     }
     for (axis, name) in DIMENSIONS.iter().enumerate() {
         let c = layout::coordinate(file, axis);
-        let n = c.values.len() as u64;
+        let n = c.size as u64;
         let array = build_array(
             &store,
             target,
@@ -405,10 +406,10 @@ pub fn write_store(
                 dtype: data_type::float64(),
                 codecs: Vec::new(),
                 dimensions: &[name],
-                attributes: c.attributes,
+                attributes: c.attributes.clone(),
             },
         )?;
-        let bytes: Vec<u8> = c.values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = c.le_bytes(0..c.size);
         array
             .store_chunk(&[0], ArrayBytes::new_flen(bytes))
             .map_err(|e| fail(target, format!("{name}: {e}")))?;

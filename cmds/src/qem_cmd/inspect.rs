@@ -22,7 +22,9 @@ pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
     let mut out = Stdout::new();
     if args.json {
         let backend = args.gpu.accelerator_quiet_on_auto();
-        let text = serde_json::to_string_pretty(&qemfs::tree::info_json(&file, &*backend))
+        let info =
+            qemfs::tree::info_json(&file, &*backend).map_err(|e| Failure::file(&args.file, e))?;
+        let text = serde_json::to_string_pretty(&info)
             .map_err(|e| Failure::plain(format!("serialising the report: {e}")))?;
         writeln!(out, "{text}")?;
         out.done()?;

@@ -1,0 +1,99 @@
+"""The mount's one byte budget (`--cache-size`): large derived files are
+served in windows, never held whole, and huge folders are listed without
+being materialised. The daemon's peak resident memory (VmHWM, from
+/proc/PID/status; the daemon names its PID on the mount root) is held to
+the budget plus a stated margin for the daemon itself (code, threads,
+mapped pages of the source).
+"""
+
+import os
+import time
+
+import numpy as np
+
+from conftest import run
+
+# What the daemon needs besides the budget: its code and libraries, thread
+# stacks in use, the mapped pages of a source, a read's buffers (measured:
+# 43 MiB peak in all for the vectors.npy read below).
+MARGIN_MIB = 96
+
+
+def daemon_peak_mib(mnt):
+    pid = int(os.getxattr(mnt, "user.qemfs.pid"))
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmHWM in the daemon's status")
+
+
+def big_semq(path, n=262144, dim=256):
+    """A .semq whose vectors.npy is n × dim float32 (256 MiB by default),
+    made with `semq encode` from unit vectors written by numpy."""
+    vectors = path.parent / "v.npy"
+    out = np.lib.format.open_memmap(vectors, mode="w+", dtype=np.float32, shape=(n, dim))
+    rng = np.random.default_rng(7)
+    step = 32768
+    for i in range(0, n, step):
+        x = rng.standard_normal((min(step, n - i), dim), dtype=np.float32)
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        out[i : i + step] = x
+    out.flush()
+    del out
+    ids = path.parent / "ids.npy"
+    np.save(ids, np.arange(n, dtype=np.uint64) * 3)
+    run("semq", "encode", "--op", "quant", "--dim", dim, "--bins", 2, "--vectors", vectors, "--ids", ids, path)
+    vectors.unlink()
+    ids.unlink()
+    return path
+
+
+def test_vectors_npy_is_read_within_the_budget(tmp_path, mount):
+    src = tmp_path / "src"
+    src.mkdir()
+    semq = big_semq(src / "big.semq")
+    reference = tmp_path / "reference.npy"
+    run("semq", "convert", semq, reference, "--what", "vectors")
+    budget = 64
+    mnt = mount(src, "--cache-size", budget, "--gpu", "off")
+    got = np.load(mnt / "big.semq" / "vectors.npy", mmap_mode="r")
+    want = np.load(reference, mmap_mode="r")
+    assert got.shape == want.shape == (262144, 256)
+    for i in range(0, got.shape[0], 16384):
+        assert np.array_equal(got[i : i + 16384], want[i : i + 16384]), f"rows {i}.."
+    # symbols.npy and rows.bin are made per read the same way.
+    with open(mnt / "big.semq" / "rows.bin", "rb") as f:
+        rows = sum(len(b) for b in iter(lambda: f.read(1 << 20), b""))
+    assert rows == 262144 * 64
+    peak = daemon_peak_mib(mnt)
+    # Built whole (twice) the vectors alone were 512 MiB.
+    assert peak <= budget + MARGIN_MIB, f"daemon peak {peak:.0f} MiB, budget {budget} MiB"
+
+
+def test_a_huge_frames_folder_is_listed_page_by_page(tmp_path, mount):
+    rows = 2_000_000
+    src = tmp_path / "src"
+    src.mkdir()
+    npy = tmp_path / "tall.npy"
+    np.save(npy, np.zeros((rows, 1, 1, 1), dtype=np.uint8))
+    run("qem", "convert", npy, src / "tall.qem")
+    npy.unlink()
+    budget = 64
+    mnt = mount(src, "--cache-size", budget, "--gpu", "off")
+    frames = mnt / "tall.qem" / "frames"
+    assert (frames / "0").is_dir(), "an unpadded index finds its row"
+    before = daemon_peak_mib(mnt)
+    start = time.monotonic()
+    count, first, last = 0, None, None
+    with os.scandir(frames) as entries:
+        for e in entries:
+            count += 1
+            first = first or e.name
+            last = e.name
+    took = time.monotonic() - start
+    assert count == rows
+    assert (first, last) == ("0000000", "1999999")
+    grown = daemon_peak_mib(mnt) - before
+    # Made whole, the listing of 2 M names and nodes took hundreds of MiB.
+    assert grown <= 32, f"listing {rows} rows grew the daemon by {grown:.0f} MiB in {took:.1f} s"
