@@ -40,6 +40,13 @@ impl Source {
         }
     }
 
+    fn changed(&self) -> bool {
+        match self {
+            Source::Mapped(m, _) => m.changed(),
+            Source::Owned(_) => false,
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match self {
             Source::Mapped(m, _) => m,
@@ -294,8 +301,14 @@ impl QemFile {
         &self.source.bytes()[self.envelope.body_start..]
     }
 
-    /// Body bytes of `range`, after verifying their checksum blocks.
+    /// Body bytes of `range`, after verifying their checksum blocks. A
+    /// mapping whose file changed under it (a fault, or a file now shorter:
+    /// see [`crate::mapguard`]) serves nothing, as a verified block may
+    /// read as zeros now.
     pub(super) fn checked(&self, range: Range<usize>) -> Result<&[u8]> {
+        if self.source.changed() {
+            return Err(QemError::Changed);
+        }
         let body = self.body();
         self.integrity.ensure(body, range.clone())?;
         body.get(range)

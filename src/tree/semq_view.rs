@@ -138,10 +138,9 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
         file(Arc::new(Lazy::new(
             (symbols_header.len() + n * units) as u64,
             move || {
-                let faults = enc.faults();
                 let mut out = symbols_header.clone();
                 out.extend_from_slice(&enc.unpack());
-                unchanged(&enc, faults)?;
+                unchanged(&enc)?;
                 Ok(out)
             },
         ))),
@@ -151,10 +150,9 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
         file(Arc::new(Lazy::new(
             (vectors_header.len() + n * dim * 4) as u64,
             move || {
-                let faults = e.faults();
                 let mut out = vectors_header.clone();
                 out.extend(e.decode().iter().flat_map(|v| v.to_le_bytes()));
-                unchanged(&e, faults)?;
+                unchanged(&e)?;
                 Ok(out)
             },
         ))),
@@ -162,10 +160,11 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
     Ok(Arc::new(StaticDir::new(entries).with_xattrs(xattrs)))
 }
 
-/// Fails when `encoding`'s mapping faulted since it counted `faults`: the
-/// source was truncated and the rows read as zeros.
-fn unchanged(encoding: &Encoding, faults: u64) -> Result<(), TreeError> {
-    if encoding.faults() == faults {
+/// Fails when `encoding`'s file changed under its mapping (a fault, or a
+/// file now shorter, whose bytes past the new end read as zeros with no
+/// fault): the rows read may be zeros.
+fn unchanged(encoding: &Encoding) -> Result<(), TreeError> {
+    if !encoding.changed() {
         Ok(())
     } else {
         Err(TreeError::SourceChanged)
