@@ -620,7 +620,9 @@ impl QemFile {
     }
 
     /// Decodes the streams of `pixels` over all frames, without decoding
-    /// other pixels. Pixels may repeat; each must be `< pixels()`.
+    /// other pixels. Pixels may repeat; each must be `< pixels()`. Each
+    /// block's index fields covered by the pixels are checked on the way
+    /// (see [`super::partial_index`]).
     pub fn decode_pixels(&self, pixels: &[usize]) -> Result<PixelStreams> {
         self.check_pixels(pixels)?;
         let n = self.frames();
@@ -633,7 +635,12 @@ impl QemFile {
             _ => PixelValues::U16(vec![0u16; len]),
         };
         for info in &self.layout.blocks {
+            let check = self.index_check(info.index, pixels);
             let part = self.decode_block_pixels(info.index, pixels)?;
+            if let (Some(check), PixelValues::U16(v)) = (check, &part.values) {
+                check.add(self, pixels, v);
+                check.finish(self);
+            }
             let m = info.frames;
             let range = info.frame_range();
             match (&mut values, part.values) {
@@ -747,7 +754,7 @@ impl QemFile {
 
     /// Verified spatial arrays of chunk `c`, with their structure checked
     /// once (word offsets, widths, word counts).
-    fn spatial_arrays(&self, c: usize) -> Result<(&[u8], &[u8], &[u8])> {
+    pub(super) fn spatial_arrays(&self, c: usize) -> Result<(&[u8], &[u8], &[u8])> {
         let chunk = &self.layout.chunks[c];
         let Some(SpatialArrays {
             words,
@@ -826,7 +833,7 @@ impl QemFile {
 
     /// Field `t` of one block from its chunk's checked spatial `arrays`
     /// (`out.len() == m`).
-    fn block_field(
+    pub(super) fn block_field(
         &self,
         (words, offs, widths): (&[u8], &[u8], &[u8]),
         info: &BlockInfo,
