@@ -634,14 +634,36 @@ impl QemFile {
             Codec::Float => PixelValues::F32Bits(vec![0u32; len]),
             _ => PixelValues::U16(vec![0u16; len]),
         };
+        // The index fields these pixels cover are checked on the way, each
+        // pixel counted once however often it is asked for: `firsts` are
+        // the request positions of first occurrences.
+        let coverage = self.index_coverage(pixels);
+        let firsts: Vec<usize> = match coverage {
+            Some(_) => {
+                let mut seen = vec![false; self.pixels()];
+                (0..pixels.len())
+                    .filter(|&k| !std::mem::replace(&mut seen[pixels[k]], true))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let once: Vec<usize> = firsts.iter().map(|&k| pixels[k]).collect();
         for info in &self.layout.blocks {
-            let check = self.index_check(info.index, pixels);
+            let check = coverage.as_ref().and_then(|c| c.check(self, info.index));
             let part = self.decode_block_pixels(info.index, pixels)?;
+            let m = info.frames;
             if let (Some(check), PixelValues::U16(v)) = (check, &part.values) {
-                check.add(self, pixels, v);
+                if once.len() == pixels.len() {
+                    check.add(self, pixels, v);
+                } else {
+                    let values: Vec<u16> = firsts
+                        .iter()
+                        .flat_map(|&k| v[k * m..(k + 1) * m].iter().copied())
+                        .collect();
+                    check.add(self, &once, &values);
+                }
                 check.finish(self);
             }
-            let m = info.frames;
             let range = info.frame_range();
             match (&mut values, part.values) {
                 (PixelValues::U16(all), PixelValues::U16(v)) => {

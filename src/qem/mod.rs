@@ -42,7 +42,7 @@ pub use header::{Codec, Dtype, Header, ValidMask};
 pub use layout::{BlockInfo, Chunk};
 pub use logical::LogicalDigest;
 pub use metadata::{Quantity, ScientificMetadata};
-pub use partial_index::IndexCheck;
+pub use partial_index::{IndexCheck, IndexCoverage};
 pub use scaled::{IntensityCalibration, Region};
 pub use spatial::Tile;
 pub use validate::{validate_bytes, validate_path, ValidationLevel, ValidationReport};

@@ -10,7 +10,7 @@
 //! decoded) is remembered as agreement. Fewer fields agreeing prove
 //! nothing about the others, and leave the verdict unknown.
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use super::error::QemError;
 use super::file::QemFile;
@@ -25,32 +25,32 @@ const MAX_SUMS: usize = 16 << 20;
 /// Marks a field no check covers.
 const UNCOVERED: u32 = u32::MAX;
 
-/// The per-field sums of one block's decoded pixels, added to by the tasks
-/// that decode them (concurrently) and compared with the index at the end
-/// ([`IndexCheck::finish`]).
-pub struct IndexCheck {
-    info: BlockInfo,
+/// The index fields a set of pixels covers (the same for every block).
+pub struct IndexCoverage {
     /// Per field of a frame: its slot among the covered fields.
     slot: Vec<u32>,
     /// The covered fields, by slot.
     covered: Vec<usize>,
+}
+
+/// The per-field sums of one block's decoded pixels, added to by the tasks
+/// that decode them (concurrently) and compared with the index at the end
+/// ([`IndexCheck::finish`]).
+pub struct IndexCheck<'a> {
+    coverage: &'a IndexCoverage,
+    info: BlockInfo,
     /// `sums[slot * m + k]`: frame `k` of the covered field in `slot`.
     sums: Vec<AtomicU32>,
-    /// Per pixel: already added (a request may repeat pixels).
-    added: Vec<AtomicBool>,
 }
 
 impl QemFile {
-    /// A check of block `block`'s index by a decode of `pixels` (integer
-    /// codec, verdict still unknown, some field covered); `None` when there
-    /// is nothing to check. Pass every decoded pixel and its values to
-    /// [`IndexCheck::add`], then call [`IndexCheck::finish`] once all
-    /// decoded cleanly.
-    pub fn index_check(&self, block: usize, pixels: &[usize]) -> Option<IndexCheck> {
-        if self.codec() != Codec::Integer || self.block_index_verdict(block).is_some() {
+    /// The index fields that decoding `pixels` covers: those whose valid
+    /// pixels are all among them (integer codec; `None` when none is, or
+    /// a pixel is out of range).
+    pub fn index_coverage(&self, pixels: &[usize]) -> Option<IndexCoverage> {
+        if self.codec() != Codec::Integer {
             return None;
         }
-        let info = *self.blocks().get(block)?;
         let fields = self.spatial_fields();
         let (pixel_fields, valid) = self.index_inputs();
         let mut wanted = vec![false; self.pixels()];
@@ -67,34 +67,51 @@ impl QemFile {
             }
         }
         let covered: Vec<usize> = (0..fields).filter(|&t| left_out[t] == 0).collect();
-        let n = covered.len().checked_mul(info.frames)?;
-        if covered.is_empty() || n > MAX_SUMS {
+        if covered.is_empty() {
             return None;
         }
         let mut slot = vec![UNCOVERED; fields];
         for (s, &t) in covered.iter().enumerate() {
             slot[t] = s as u32;
         }
+        Some(IndexCoverage { slot, covered })
+    }
+}
+
+impl IndexCoverage {
+    /// A check of block `block`'s covered fields, unless its verdict is
+    /// already known. Pass every decoded pixel of the set, once, with its
+    /// values to [`IndexCheck::add`], then call [`IndexCheck::finish`]
+    /// once all decoded cleanly.
+    pub fn check(&self, file: &QemFile, block: usize) -> Option<IndexCheck<'_>> {
+        if file.block_index_verdict(block).is_some() {
+            return None;
+        }
+        let info = *file.blocks().get(block)?;
+        let n = self.covered.len().checked_mul(info.frames)?;
+        if n > MAX_SUMS {
+            return None;
+        }
         Some(IndexCheck {
+            coverage: self,
             info,
-            slot,
-            covered,
             sums: (0..n).map(|_| AtomicU32::new(0)).collect(),
-            added: (0..self.pixels()).map(|_| AtomicBool::new(false)).collect(),
         })
     }
 }
 
-impl IndexCheck {
-    /// Adds decoded pixels: `values` holds `m` counts per entry of
-    /// `pixels`, pixel-major (as [`QemFile::decode_block_pixels`] returns
-    /// them). Invalid pixels, and pixels added before, are skipped.
+impl IndexCheck<'_> {
+    /// Adds decoded pixels (each pixel once over all calls): `values` holds
+    /// `m` counts per entry of `pixels`, pixel-major (as
+    /// [`QemFile::decode_block_pixels`] returns them). Invalid pixels are
+    /// skipped.
     pub fn add(&self, file: &QemFile, pixels: &[usize], values: &[u16]) {
         let m = self.info.frames;
         if m == 0 {
             return;
         }
         let (pixel_fields, valid) = file.index_inputs();
+        let slot = &self.coverage.slot;
         // This group's sums per covered slot, added to the shared ones
         // once: a group of pixels touches few fields.
         let mut local: Vec<(u32, Vec<u32>)> = Vec::new();
@@ -102,11 +119,11 @@ impl IndexCheck {
             let Some(&(f8, f32_)) = pixel_fields.get(p) else {
                 continue;
             };
-            if !valid.is_valid(p) || self.added[p].swap(true, Ordering::Relaxed) {
+            if !valid.is_valid(p) {
                 continue;
             }
             for f in [f8, f32_] {
-                let s = self.slot.get(f as usize).copied().unwrap_or(UNCOVERED);
+                let s = slot.get(f as usize).copied().unwrap_or(UNCOVERED);
                 if s == UNCOVERED {
                     continue;
                 }
@@ -133,7 +150,7 @@ impl IndexCheck {
 
     /// Compares the covered fields with the stored index and remembers a
     /// disagreement (or, when every field was covered, the agreement) as
-    /// the block's verdict. Call it only when every requested pixel was
+    /// the block's verdict. Call it only when every pixel of the set was
     /// decoded and added.
     pub fn finish(self, file: &QemFile) {
         let info = self.info;
@@ -142,8 +159,9 @@ impl IndexCheck {
             Ok(arrays) => arrays,
             Err(e) => return file.remember_index(&info, Err(e)),
         };
+        let covered = &self.coverage.covered;
         let mut stored = vec![0u32; m];
-        for (s, &t) in self.covered.iter().enumerate() {
+        for (s, &t) in covered.iter().enumerate() {
             file.block_field(arrays, &info, t, &mut stored);
             let sums = &self.sums[s * m..(s + 1) * m];
             if let Some(k) = (0..m).find(|&k| stored[k] != sums[k].load(Ordering::Relaxed)) {
@@ -160,7 +178,7 @@ impl IndexCheck {
                 );
             }
         }
-        if self.covered.len() == file.spatial_fields() {
+        if covered.len() == file.spatial_fields() {
             file.remember_index(&info, Ok(()));
         }
     }

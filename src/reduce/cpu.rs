@@ -131,11 +131,12 @@ fn reduce_exact(
     // Pattern sum and maximum per entry of `plan.pixels`, each group's
     // entries updated by the task that decodes the group.
     let mut pattern = vec![(0u64, 0u64); plan.pixels.len()];
+    // The index fields these pixels cover are checked on the way, so that
+    // no index product is served from a block found to disagree.
+    let coverage = file.index_coverage(&plan.pixels);
     for b in blocks {
         let m = file.blocks()[b].frames;
-        // The index fields these pixels cover are checked on the way, so
-        // that no index product is served from a block found to disagree.
-        let check = file.index_check(b, &plan.pixels);
+        let check = coverage.as_ref().and_then(|c| c.check(file, b));
         // Each task decodes one group of pixels and reduces it while the
         // values are in cache; the block is never laid out whole.
         let parts = plan
