@@ -15,6 +15,13 @@
 //! reader of one file compares its own count and is not disturbed by
 //! another file being truncated at the same time.
 //!
+//! A truncation to the middle of a page raises no fault for the bytes past
+//! the new end inside that page: the kernel serves them as zeros. So a
+//! mapping also holds its file's descriptor and [`Mapping::faults`] checks
+//! its size (`fstat`, not the path, which may name another file by now):
+//! a file shorter than its mapping counts as one fault more, charged once
+//! to the global count as well ([`Mapping::changed`]).
+//!
 //! Registration uses a fixed table of atomics, the only state a signal
 //! handler may touch; once the handler is installed, a mapping that finds
 //! the table full is refused (an error for that file), never made
@@ -61,7 +68,26 @@ pub fn install() {
             libc::sigemptyset(&mut action.sa_mask);
             libc::sigaction(libc::SIGBUS, &action, std::ptr::null_mut());
         }
+        raise_open_file_limit();
     });
+}
+
+/// Raises the soft limit of open descriptors to the hard limit: each
+/// mapping holds its file's descriptor (see [`Mapping::changed`]), and the
+/// mount keeps up to `--open-containers` of them open, more than the
+/// customary soft limit of 1024 allows next to FUSE and source files.
+fn raise_open_file_limit() {
+    // SAFETY: getrlimit/setrlimit read and write a plain struct we own.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 && limit.rlim_cur < limit.rlim_max
+        {
+            limit.rlim_cur = limit.rlim_max;
+            // Only an attempt: at the old limit a mapping past it fails to
+            // open with EMFILE, an error for that file.
+            libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+        }
+    }
 }
 
 /// [`install`], and from now on refuse to publish any output file
@@ -120,6 +146,10 @@ extern "C" fn on_sigbus(_: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc
 pub struct Mapping {
     slot: Option<usize>,
     map: memmap2::Mmap,
+    /// The mapped file (a duplicate descriptor), to check its size.
+    file: std::fs::File,
+    /// Set once the file was found shorter than the mapping.
+    shrunk: AtomicBool,
 }
 
 impl Mapping {
@@ -132,7 +162,7 @@ impl Mapping {
         // access, which the handler (once installed) absorbs and charges
         // to this mapping; readers compare [`Mapping::faults`].
         let map = unsafe { memmap2::Mmap::map(file)? };
-        let mapping = Self::register(map);
+        let mapping = Self::register(map, file.try_clone()?);
         if mapping.slot.is_none() && !mapping.map.is_empty() && INSTALL.is_completed() {
             // An unguarded mapping would let one truncation end the
             // process; refusing it makes this one file fail instead.
@@ -154,7 +184,7 @@ impl Mapping {
         let _ = self.map.advise(memmap2::Advice::WillNeed);
     }
 
-    fn register(map: memmap2::Mmap) -> Self {
+    fn register(map: memmap2::Mmap, file: std::fs::File) -> Self {
         let (start, len) = (map.as_ptr() as usize, map.len());
         let slot = (start != 0 && len != 0)
             .then(|| {
@@ -171,14 +201,47 @@ impl Mapping {
                 Some(i)
             })
             .flatten();
-        Mapping { slot, map }
+        Mapping {
+            slot,
+            map,
+            file,
+            shrunk: AtomicBool::new(false),
+        }
     }
 
     /// Faults absorbed in this mapping so far (0 when it could not be
-    /// registered: such a mapping is not guarded at all).
+    /// registered: such a mapping is not guarded at all), plus one once
+    /// the file is found shorter than the mapping ([`Mapping::shrunk`]).
     pub fn faults(&self) -> u64 {
-        self.slot
-            .map_or(0, |i| SLOT_FAULTS[i].load(Ordering::SeqCst))
+        let absorbed = self
+            .slot
+            .map_or(0, |i| SLOT_FAULTS[i].load(Ordering::SeqCst));
+        absorbed + u64::from(self.shrunk())
+    }
+
+    /// Whether the file is now shorter than the mapping: bytes past its
+    /// new end inside the last page read as zeros without a fault. Checked
+    /// on the held descriptor; the first time it is found, the global
+    /// [`faults`] count moves too, so that strict commands publish nothing.
+    pub fn shrunk(&self) -> bool {
+        if self.shrunk.load(Ordering::SeqCst) {
+            return true;
+        }
+        let shorter = self
+            .file
+            .metadata()
+            .is_ok_and(|m| m.len() < self.map.len() as u64);
+        if shorter && !self.shrunk.swap(true, Ordering::SeqCst) {
+            FAULTS.fetch_add(1, Ordering::SeqCst);
+        }
+        shorter
+    }
+
+    /// Whether the file changed under this mapping since it was mapped: a
+    /// page faulted (and reads as zeros now, whatever the file holds) or
+    /// the file is shorter. Nothing read from a changed mapping is served.
+    pub fn changed(&self) -> bool {
+        self.faults() != 0
     }
 }
 
@@ -221,5 +284,32 @@ mod tests {
         assert!(map.faults() > 0, "charged to the mapping that faulted");
         assert_eq!(other.faults(), 0, "and to no other");
         assert_eq!(map[0], 7);
+    }
+
+    #[test]
+    fn a_mapping_truncated_inside_its_last_page_is_changed_without_a_fault() {
+        install();
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        let page = PAGE.load(Ordering::SeqCst);
+        file.write_all(&vec![7u8; 2 * page]).unwrap();
+        file.flush().unwrap();
+        let map = Mapping::map(file.as_file()).unwrap();
+        assert!(!map.changed());
+        let before = faults();
+        file.as_file().set_len((page + page / 2) as u64).unwrap();
+        // The tail of the last page reads as zeros, and nothing faults.
+        assert_eq!(map[2 * page - 1], 0);
+        assert_eq!(
+            map.slot.map(|i| SLOT_FAULTS[i].load(Ordering::SeqCst)),
+            Some(0)
+        );
+        assert!(
+            map.shrunk() && map.changed(),
+            "found shorter on its descriptor"
+        );
+        assert!(faults() > before, "charged to the global count");
+        let once = faults();
+        assert!(map.changed());
+        assert_eq!(faults(), once, "once");
     }
 }

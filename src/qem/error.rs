@@ -205,7 +205,9 @@ pub enum QemError {
         limit: usize,
     },
 
-    #[error("QEM file changed during validation; retry with a stable copy")]
+    #[error(
+        "QEM file changed (truncated or replaced) while it was read; retry with a stable copy"
+    )]
     Changed,
 }
 

@@ -43,6 +43,13 @@ impl Source {
         }
     }
 
+    fn changed(&self) -> bool {
+        match self {
+            Source::Mapped(m, _) => m.changed(),
+            Source::Owned(_) => false,
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match self {
             Source::Mapped(m, _) => &m[..],
@@ -315,8 +322,14 @@ impl QemFile {
         &self.source.bytes()[self.envelope.body_start..]
     }
 
-    /// Body bytes of `range`, after verifying their checksum blocks.
+    /// Body bytes of `range`, after verifying their checksum blocks. A
+    /// mapping whose file changed under it (a fault, or a file now shorter:
+    /// see [`crate::mapguard`]) serves nothing, as a verified block may
+    /// read as zeros now.
     pub(super) fn checked(&self, range: Range<usize>) -> Result<&[u8]> {
+        if self.source.changed() {
+            return Err(QemError::Changed);
+        }
         let body = self.body();
         self.integrity.ensure(body, range.clone())?;
         body.get(range)
@@ -628,7 +641,9 @@ impl QemFile {
     }
 
     /// Decodes the streams of `pixels` over all frames, without decoding
-    /// other pixels. Pixels may repeat; each must be `< pixels()`.
+    /// other pixels. Pixels may repeat; each must be `< pixels()`. Each
+    /// block's index fields covered by the pixels are checked on the way
+    /// (see [`super::partial_index`]).
     pub fn decode_pixels(&self, pixels: &[usize]) -> Result<PixelStreams> {
         self.check_pixels(pixels)?;
         let n = self.frames();
@@ -640,9 +655,36 @@ impl QemFile {
             Codec::Float => PixelValues::F32Bits(vec![0u32; len]),
             _ => PixelValues::U16(vec![0u16; len]),
         };
+        // The index fields these pixels cover are checked on the way, each
+        // pixel counted once however often it is asked for: `firsts` are
+        // the request positions of first occurrences.
+        let coverage = self.index_coverage(pixels);
+        let firsts: Vec<usize> = match coverage {
+            Some(_) => {
+                let mut seen = vec![false; self.pixels()];
+                (0..pixels.len())
+                    .filter(|&k| !std::mem::replace(&mut seen[pixels[k]], true))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let once: Vec<usize> = firsts.iter().map(|&k| pixels[k]).collect();
         for info in &self.layout.blocks {
+            let check = coverage.as_ref().and_then(|c| c.check(self, info.index));
             let part = self.decode_block_pixels(info.index, pixels)?;
             let m = info.frames;
+            if let (Some(check), PixelValues::U16(v)) = (check, &part.values) {
+                if once.len() == pixels.len() {
+                    check.add(self, pixels, v);
+                } else {
+                    let values: Vec<u16> = firsts
+                        .iter()
+                        .flat_map(|&k| v[k * m..(k + 1) * m].iter().copied())
+                        .collect();
+                    check.add(self, &once, &values);
+                }
+                check.finish(self);
+            }
             let range = info.frame_range();
             match (&mut values, part.values) {
                 (PixelValues::U16(all), PixelValues::U16(v)) => {
@@ -755,7 +797,7 @@ impl QemFile {
 
     /// Verified spatial arrays of chunk `c`, with their structure checked
     /// once (word offsets, widths, word counts).
-    fn spatial_arrays(&self, c: usize) -> Result<(&[u8], &[u8], &[u8])> {
+    pub(super) fn spatial_arrays(&self, c: usize) -> Result<(&[u8], &[u8], &[u8])> {
         let chunk = &self.layout.chunks[c];
         let Some(SpatialArrays {
             words,
@@ -834,7 +876,7 @@ impl QemFile {
 
     /// Field `t` of one block from its chunk's checked spatial `arrays`
     /// (`out.len() == m`).
-    fn block_field(
+    pub(super) fn block_field(
         &self,
         (words, offs, widths): (&[u8], &[u8], &[u8]),
         info: &BlockInfo,

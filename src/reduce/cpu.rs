@@ -131,8 +131,12 @@ fn reduce_exact(
     // Pattern sum and maximum per entry of `plan.pixels`, each group's
     // entries updated by the task that decodes the group.
     let mut pattern = vec![(0u64, 0u64); plan.pixels.len()];
+    // The index fields these pixels cover are checked on the way, so that
+    // no index product is served from a block found to disagree.
+    let coverage = file.index_coverage(&plan.pixels);
     for b in blocks {
         let m = file.blocks()[b].frames;
+        let check = coverage.as_ref().and_then(|c| c.check(file, b));
         // Each task decodes one group of pixels and reduces it while the
         // values are in cache; the block is never laid out whole.
         let parts = plan
@@ -145,6 +149,9 @@ fn reduce_exact(
                 let PixelValues::U16(cols) = decoded.values else {
                     unreachable!("integer codecs decode to u16");
                 };
+                if let Some(check) = &check {
+                    check.add(file, pixels, &cols);
+                }
                 // Mask sums, then total/row/column, each `m` per frame.
                 let mut sums = vec![0u64; masks * m];
                 let mut mom = vec![0u64; if request.moments { 3 * m } else { 0 }];
@@ -181,6 +188,9 @@ fn reduce_exact(
                 Ok((sums, mom))
             })
             .collect::<Result<Vec<_>, QemError>>()?;
+        if let Some(check) = check {
+            check.finish(file);
+        }
         let mut sums = vec![0u64; masks * m];
         let mut mom = vec![0u64; if request.moments { 3 * m } else { 0 }];
         for (s, mo) in parts {

@@ -161,6 +161,12 @@ impl Encoding {
         self.inner.image.faults()
     }
 
+    /// Whether the mapped file changed since it was read: a fault, or a
+    /// file now shorter than its mapping (see [`crate::mapguard`]).
+    pub fn changed(&self) -> bool {
+        self.faults() != 0
+    }
+
     pub fn image(&self) -> &[u8] {
         self.bytes()
     }

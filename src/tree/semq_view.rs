@@ -54,7 +54,6 @@ fn ids_file(e: &Encoding) -> Arc<dyn Content> {
     let e = e.clone();
     Arc::new(Windowed::new(size, move |offset, buf: &mut [u8]| {
         let mut line = Vec::new();
-        let faults = e.faults();
         let mark = marks.partition_point(|&m| m <= offset).saturating_sub(1);
         let (mut i, mut at) = (mark * IDS_PER_MARK, marks.get(mark).copied().unwrap_or(0));
         let mut done = 0;
@@ -69,7 +68,7 @@ fn ids_file(e: &Encoding) -> Arc<dyn Content> {
             at = end;
             i += 1;
         }
-        unchanged(&e, faults)
+        unchanged(&e)
     }))
 }
 
@@ -144,9 +143,8 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
         file(Arc::new(Windowed::new(
             e.rows_section().len() as u64,
             move |offset, buf: &mut [u8]| {
-                let faults = rows.faults();
                 copy_range(rows.rows_section(), offset, buf);
-                unchanged(&rows, faults)
+                unchanged(&rows)
             },
         ))),
     );
@@ -235,7 +233,6 @@ fn npy_rows(
     let h = header.len() as u64;
     let size = h + (n * row_bytes) as u64;
     Windowed::new(size, move |offset, buf: &mut [u8]| {
-        let faults = e.faults();
         let mut done = 0;
         if offset < h {
             done = copy_range(&header, offset, buf);
@@ -257,14 +254,15 @@ fn npy_rows(
             let skip = at - (first * row_bytes) as u64;
             done += copy_range(&window, skip, &mut buf[done..]);
         }
-        unchanged(&e, faults)
+        unchanged(&e)
     })
 }
 
-/// Fails when `encoding`'s mapping faulted since it counted `faults`: the
-/// source was truncated and the rows read as zeros.
-fn unchanged(encoding: &Encoding, faults: u64) -> Result<(), TreeError> {
-    if encoding.faults() == faults {
+/// Fails when `encoding`'s file changed under its mapping (a fault, or a
+/// file now shorter, whose bytes past the new end read as zeros with no
+/// fault): the rows read may be zeros.
+fn unchanged(encoding: &Encoding) -> Result<(), TreeError> {
+    if !encoding.changed() {
         Ok(())
     } else {
         Err(TreeError::SourceChanged)
