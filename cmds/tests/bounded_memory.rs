@@ -1,7 +1,7 @@
 //! Memory follows the window budget, not the detector size a file declares
 //! (issue 16): a valid, tiny file whose one block decodes to 4.28 GB
-//! (2048×2040 detector, 512 frames of uint16 zeros) is validated, hashed
-//! and read whole by `qem cat` under a 2 GiB address-space limit.
+//! (2048×2040 detector, 512 frames of uint16 zeros) is validated, hashed,
+//! converted and read whole by `qem cat` under a 2 GiB address-space limit.
 
 use std::io::Read;
 use std::path::Path;
@@ -57,7 +57,7 @@ fn limited(args: &[&str], mut sink: impl FnMut(&[u8])) -> (bool, String) {
 }
 
 #[test]
-fn a_huge_block_is_validated_hashed_and_read_within_2_gib() {
+fn a_huge_block_is_validated_hashed_converted_and_read_within_2_gib() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("huge.qem");
     write_huge(&path);
@@ -83,6 +83,16 @@ fn a_huge_block_is_validated_hashed_and_read_within_2_gib() {
     let (ok, err) = limited(&["hash", file], |b| said.extend_from_slice(b));
     assert!(ok, "hash: {err}");
     assert_eq!(String::from_utf8_lossy(&said), format!("{want}  {file}\n"));
+
+    // Re-encoded through the windowed .qem source: the same array.
+    let copy = dir.path().join("copy.qem");
+    let copy = copy.to_str().unwrap();
+    let (ok, err) = limited(&["convert", file, copy], |_| {});
+    assert!(ok, "convert: {err}");
+    let mut said = Vec::new();
+    let (ok, err) = limited(&["hash", copy], |b| said.extend_from_slice(b));
+    assert!(ok, "hash of the copy: {err}");
+    assert_eq!(String::from_utf8_lossy(&said), format!("{want}  {copy}\n"));
 
     // data.npy whole: an npy header of the declared shape, then every
     // decoded byte, all zero.
