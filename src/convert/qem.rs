@@ -15,17 +15,18 @@ use crate::qem::write::{
 
 /// Most frame bytes one chunk of a written `.qem` buffers (see [`QemSink::create`]).
 pub const CHUNK_BYTES: u64 = 256 << 20;
-use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
+use crate::qem::{BlockCursor, Codec, Dtype, LogicalDigest, QemFile};
 
 pub struct QemSource {
     path: PathBuf,
     file: QemFile,
     codes: bool,
     description: Description,
-    /// The last decoded block: its frames and their window bytes.
+    /// The last decoded window: its frames and their bytes.
     block: Vec<u8>,
     block_frames: Range<usize>,
-    code_buffer: Vec<u16>,
+    /// Where the block being read stands.
+    cursor: Option<BlockCursor>,
     /// Float files: `logical_sha256` checked as the blocks go by, so that
     /// the last window fails (before any sink publishes) on a mismatch.
     logical: Option<LogicalDigest>,
@@ -47,35 +48,50 @@ impl QemSource {
             description,
             block: Vec::new(),
             block_frames: 0..0,
-            code_buffer: Vec::new(),
+            cursor: None,
         })
     }
 
-    fn load_block_of(&mut self, frame: usize) -> Result<(), ConvertError> {
-        let info = *self
-            .file
-            .block_of_frame(frame)
-            .map_err(|e| ConvertError::read(&self.path, e))?;
+    /// Decodes the window holding `frame` (a whole ordinary block, a
+    /// window of a block larger than [`crate::qem::WINDOW_BYTES`]): the next window of
+    /// the block being read when it is that one, else from the block's
+    /// first frame on.
+    fn load_window_of(&mut self, frame: usize) -> Result<(), ConvertError> {
+        let read = |e| ConvertError::read(&self.path, e);
+        let info = *self.file.block_of_frame(frame).map_err(read)?;
+        let w = self.file.window_frames(info.index);
+        let want = (frame - info.first_frame) / w * w;
+        let resumable = self
+            .cursor
+            .as_ref()
+            .is_some_and(|c| c.block() == info.index && c.next_frame() <= want);
+        if !resumable {
+            self.cursor = Some(self.file.block_cursor(info.index).map_err(read)?);
+        }
+        let Some(cursor) = self.cursor.as_mut() else {
+            return Ok(());
+        };
+        if cursor.next_frame() < want {
+            let skip = want - cursor.next_frame();
+            cursor.skip(&self.file, skip).map_err(read)?;
+        }
+        let n = w.min(info.frames - want);
         if self.codes {
-            self.code_buffer.resize(info.frames * self.file.pixels(), 0);
-            self.file
-                .decode_block_codes(info.index, &mut self.code_buffer)
-                .map_err(|e| ConvertError::read(&self.path, e))?;
-            self.block.clear();
-            self.block
-                .extend(self.code_buffer.iter().flat_map(|c| c.to_le_bytes()));
+            self.block.resize(2 * n * self.file.pixels(), 0);
+            cursor
+                .read_codes_le(&self.file, n, &mut self.block)
+                .map_err(read)?;
         } else {
-            self.block.resize(info.decoded_bytes, 0);
-            self.file
-                .decode_block_into(info.index, &mut self.block)
-                .map_err(|e| ConvertError::read(&self.path, e))?;
+            self.block.resize(n * self.file.frame_bytes(), 0);
+            cursor.read(&self.file, n, &mut self.block).map_err(read)?;
             if let Some(digest) = &mut self.logical {
                 digest
-                    .feed(&self.file, info.index, &self.block)
-                    .map_err(|e| ConvertError::read(&self.path, e))?;
+                    .feed_window(&self.file, info.index, want..want + n, &self.block)
+                    .map_err(read)?;
             }
         }
-        self.block_frames = info.frame_range();
+        let first = info.first_frame + want;
+        self.block_frames = first..first + n;
         Ok(())
     }
 }
@@ -95,7 +111,7 @@ impl Source for QemSource {
         let mut at = 0;
         while at < out.len() {
             if !self.block_frames.contains(&frame) {
-                self.load_block_of(frame)?;
+                self.load_window_of(frame)?;
             }
             let from = (frame - self.block_frames.start) * frame_bytes;
             let n = (self.block.len() - from).min(out.len() - at);

@@ -22,13 +22,14 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::error::{QemError, Result};
+use super::error::{QemError, Result, StreamSite};
 use super::file::{block_streams, QemFile};
-use super::frame_major::{self, Rows, SLAB};
+use super::frame_major::{Cursor, Refused, Rows, SLAB};
 use super::header::{Codec, Dtype};
 use super::lanes::Kernel;
 use super::layout::BlockInfo;
 use super::spatial::{self, FrameSums};
+use super::stream::StreamTable;
 
 /// What a block decode produces.
 pub(crate) enum Output<'a> {
@@ -96,14 +97,457 @@ fn values(rows: &[u8]) -> std::borrow::Cow<'_, [u16]> {
     }
 }
 
+/// Decoded bytes of one window: a block that decodes to more is decoded
+/// (by every reader: validation, hashes, conversion, the mount) a window
+/// of frames at a time, so that memory follows this constant and not the
+/// detector size a file declares. An ordinary block is one window.
+pub const WINDOW_BYTES: usize = 64 << 20;
+
+impl Output<'_> {
+    /// The part of a dense output holding rows `rows` (`row_bytes` each).
+    fn rows(&mut self, rows: Range<usize>, row_bytes: usize) -> Output<'_> {
+        let span = rows.start * row_bytes..rows.end * row_bytes;
+        match self {
+            Output::Values(out) => Output::Values(&mut out[span]),
+            Output::Codes(out) => Output::Codes(&mut out[span]),
+            Output::Check => Output::Check,
+        }
+    }
+
+    fn len(&self) -> Option<usize> {
+        match self {
+            Output::Values(out) | Output::Codes(out) => Some(out.len()),
+            Output::Check => None,
+        }
+    }
+}
+
+/// A block being decoded window by window: each part's lane states and
+/// byte positions where the last window ended, and the spatial index
+/// compared window by window (its verdict is remembered when the last
+/// frame is reached). Made by [`QemFile::block_cursor`]; every call is
+/// handed the file the cursor was made from.
+pub struct BlockCursor {
+    info: BlockInfo,
+    /// Detector rows of each part (whole 8-row bands).
+    parts: Vec<Range<usize>>,
+    /// Per part: its streams' cursor (`None` once served by the reference
+    /// decoder).
+    cursors: Vec<Option<Cursor>>,
+    /// Per part: its 8×8 tile summer, when the index is being checked.
+    sums: Vec<Option<FrameSums>>,
+    kernel: Kernel,
+    next: usize,
+    /// The first disagreement with the index found so far, field-major:
+    /// `(field, block frame, stored, computed)`.
+    mismatch: Option<(usize, usize, u32, u32)>,
+    /// The index could not be read (its verdict).
+    index_error: Option<QemError>,
+    /// The kernels refused streams that the reference decoder accepts:
+    /// every later window comes from the reference decoder.
+    reference: bool,
+}
+
+impl BlockCursor {
+    /// The block's global index.
+    pub fn block(&self) -> usize {
+        self.info.index
+    }
+
+    /// The next block frame to decode.
+    pub fn next_frame(&self) -> usize {
+        self.next
+    }
+
+    /// Frames of the block.
+    pub fn frames(&self) -> usize {
+        self.info.frames
+    }
+
+    /// Decodes the next `n` frames into `out` (dense bytes of the decoded
+    /// dtype, `n * frame_bytes()` long).
+    pub fn read(&mut self, file: &QemFile, n: usize, out: &mut [u8]) -> Result<()> {
+        let t = self.next;
+        self.advance(file, n, t..t + n, Output::Values(out))
+    }
+
+    /// Decodes the next `n` frames as stored u16 values, little-endian
+    /// (integer and scaled codecs; `2 * n * pixels()` bytes).
+    pub fn read_codes_le(&mut self, file: &QemFile, n: usize, out: &mut [u8]) -> Result<()> {
+        let t = self.next;
+        self.advance(file, n, t..t + n, Output::Codes(out))
+    }
+
+    /// Decodes the next `n` frames without output (the index check and
+    /// the streams' checks still run).
+    pub fn skip(&mut self, file: &QemFile, n: usize) -> Result<()> {
+        let t = self.next;
+        self.advance(file, n, t..t, Output::Check)
+    }
+
+    /// Decodes the next `n` frames, writing frames `out_frames` (within
+    /// them) to `output`. Reaching the block's last frame checks that
+    /// every stream ended exactly and remembers the index verdict.
+    pub(crate) fn advance(
+        &mut self,
+        file: &QemFile,
+        n: usize,
+        out_frames: Range<usize>,
+        mut output: Output<'_>,
+    ) -> Result<()> {
+        let m = self.info.frames;
+        let end = self.next.checked_add(n).filter(|&e| e <= m);
+        let Some(end) = end else {
+            return Err(QemError::OutOfRange {
+                what: "block frame",
+                index: self.next.saturating_add(n),
+                limit: m,
+            });
+        };
+        if out_frames.start < self.next || out_frames.end > end || out_frames.start > out_frames.end
+        {
+            return Err(QemError::OutOfRange {
+                what: "window frame",
+                index: out_frames.end,
+                limit: end,
+            });
+        }
+        let (_, e) = file.convert_of(&self.info, &output)?;
+        let want = out_frames.len() * file.pixels() * e;
+        if output.len().is_some_and(|len| len != want) {
+            return Err(QemError::OutOfRange {
+                what: "block output",
+                index: output.len().unwrap_or(0),
+                limit: want,
+            });
+        }
+        if self.parts.is_empty() || n == 0 {
+            self.next = end;
+            return Ok(());
+        }
+        let table = file.stream_table(self.info.chunk)?;
+        if !self.run(file, &table, end, &out_frames, &mut output)? {
+            // Some stream does not decode cleanly, or a uint8 count
+            // exceeds 255: the reference path names the first fault.
+            if let Some(fault) = file.reference_fault(&self.info, &self.parts, &table) {
+                return Err(fault);
+            }
+            // Reached only where the kernels refuse what the reference
+            // accepts (a payload beyond their 2 GiB reach): served from the
+            // reference's values from now on.
+            self.reference = true;
+            self.cursors.iter_mut().for_each(|c| *c = None);
+            if !self.run(file, &table, end, &out_frames, &mut output)? {
+                return Err(QemError::layout(
+                    Some(self.info.chunk),
+                    "a block the reference decoder accepts could not be decoded",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One attempt at frames `next..end`: `false` when some part refused.
+    fn run(
+        &mut self,
+        file: &QemFile,
+        table: &StreamTable<'_>,
+        end: usize,
+        out_frames: &Range<usize>,
+        output: &mut Output<'_>,
+    ) -> Result<bool> {
+        let info = self.info;
+        let (t_start, n) = (self.next, end - self.next);
+        let p = file.pixels();
+        let [_, _, _, c] = file.shape();
+        let stored_u8 = file.stored_dtype() == Dtype::U8;
+        let (convert, e) = file.convert_of(&info, output)?;
+        let (first, count) = block_streams(file.codec(), p, info.block_in_chunk);
+        let spp = count / p;
+        let row_bytes = p * e;
+        let kernel = self.kernel;
+        let reference = self.reference;
+        let m = info.frames;
+        // Whole u16 rows with nothing to convert go straight to the output.
+        let direct = self.parts.len() == 1
+            && !reference
+            && matches!(convert, Convert::Copy)
+            && *out_frames == (t_start..end);
+        let mut segments: Vec<Vec<&mut [u8]>> = self.parts.iter().map(|_| Vec::new()).collect();
+        let mut whole: Option<&mut [u8]> = None;
+        if let Output::Values(out) | Output::Codes(out) = output {
+            if direct {
+                whole = Some(&mut **out);
+            } else {
+                for row in out.chunks_exact_mut(row_bytes) {
+                    let mut rest = row;
+                    for (part, segs) in self.parts.iter().zip(&mut segments) {
+                        let (head, tail) = rest.split_at_mut(part.len() * c * e);
+                        segs.push(head);
+                        rest = tail;
+                    }
+                }
+            }
+        }
+        // One part: its 8×8 tile sums of frames `next..end` (frame-major)
+        // when it decoded cleanly, else `None`. Into `whole` (every row of
+        // the window) or into `segs` (its columns of each output row)
+        // through a slab.
+        let decode_part = |rows: &Range<usize>,
+                           cursor: &mut Option<Cursor>,
+                           sums: &mut Option<FrameSums>,
+                           whole: Option<&mut [u8]>,
+                           mut segs: Vec<&mut [u8]>|
+         -> Option<Vec<u32>> {
+            let (p0, w) = (rows.start * c, rows.len() * c);
+            let ws = spp * w;
+            let tiles = sums.as_ref().map_or(0, FrameSums::tiles);
+            let mut tile_sums = vec![0u32; tiles * n];
+            let mut in_range = true;
+            let mut on_slab = |t0: usize, rows: &[u8]| {
+                let vals = values(rows);
+                if stored_u8 {
+                    in_range &= vals.iter().all(|&v| u16::from_le(v) <= 255);
+                }
+                if let Some(sums) = sums.as_mut() {
+                    sums.add(&vals, t0 - t_start, &mut tile_sums);
+                }
+                for (k, src) in vals.chunks_exact(ws).enumerate() {
+                    let seg = (t0 + k)
+                        .checked_sub(out_frames.start)
+                        .and_then(|i| segs.get_mut(i));
+                    if let Some(seg) = seg {
+                        convert.row(src, seg);
+                    }
+                }
+            };
+            let s0 = first + spp * p0;
+            let done = match (cursor.as_mut(), whole) {
+                (Some(cursor), Some(out)) => {
+                    cursor.advance(table, kernel, n, Rows::Whole(out), on_slab)
+                }
+                (Some(cursor), None) => {
+                    let mut slab = vec![0u16; ws * SLAB.min(n)];
+                    let rows = Rows::Slab(bytemuck::cast_slice_mut(&mut slab));
+                    cursor.advance(table, kernel, n, rows, on_slab)
+                }
+                // The reference decoder: the part's whole columns, handed
+                // on a slab at a time.
+                (None, _) => {
+                    let mut cols = vec![0u16; ws * m];
+                    let decoded = table.decode_range(s0, m, &mut cols);
+                    let mut slab = vec![0u16; ws * SLAB.min(n)];
+                    for t0 in (t_start..end).step_by(SLAB) {
+                        let k = SLAB.min(end - t0);
+                        for (i, row) in slab.chunks_exact_mut(ws).take(k).enumerate() {
+                            for (j, v) in row.iter_mut().enumerate() {
+                                *v = cols[j * m + t0 + i].to_le();
+                            }
+                        }
+                        on_slab(t0, bytemuck::cast_slice(&slab[..k * ws]));
+                    }
+                    decoded.map_err(|_| Refused)
+                }
+            };
+            let clean = end < m || cursor.as_ref().is_none_or(|c| c.finish().is_ok());
+            (done.is_ok() && in_range && clean).then_some(tile_sums)
+        };
+        let decoded: Vec<Option<Vec<u32>>> = if self.parts.len() == 1 {
+            let segs = segments.pop().unwrap_or_default();
+            vec![decode_part(
+                &self.parts[0],
+                &mut self.cursors[0],
+                &mut self.sums[0],
+                whole,
+                segs,
+            )]
+        } else {
+            self.parts
+                .par_iter()
+                .zip(self.cursors.par_iter_mut())
+                .zip(self.sums.par_iter_mut())
+                .zip(segments.into_par_iter())
+                .map(|(((rows, cursor), sums), segs)| decode_part(rows, cursor, sums, None, segs))
+                .collect()
+        };
+        if !decoded.iter().all(Option::is_some) {
+            return Ok(false);
+        }
+        if self.sums.iter().any(Option::is_some) {
+            let tiles: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
+            self.compare_index(file, &tiles, t_start, end);
+        }
+        self.next = end;
+        if end == m && self.sums.iter().any(Option::is_some) {
+            let verdict = match (self.index_error.take(), self.mismatch) {
+                (Some(e), _) => Err(e),
+                (None, Some((field, frame, stored, computed))) => Err(QemError::SpatialIndex {
+                    chunk: info.chunk,
+                    block: info.block_in_chunk,
+                    field,
+                    frame: info.first_frame + frame,
+                    stored: u64::from(stored),
+                    computed: u64::from(computed),
+                }),
+                (None, None) => Ok(()),
+            };
+            file.remember_index(&info, verdict);
+        }
+        Ok(true)
+    }
+
+    /// Compares the index of frames `t0..t1` with the 8×8 tile sums of the
+    /// parts (frame-major per part), keeping the first disagreement in
+    /// field-major order.
+    fn compare_index(&mut self, file: &QemFile, tiles: &[Vec<u32>], t0: usize, t1: usize) {
+        let (n, fields) = (t1 - t0, file.spatial_fields());
+        let [_, _, r, c] = file.shape();
+        let g8c = c.div_ceil(8);
+        let mut computed = vec![0u32; n * fields];
+        for (rows, sums) in self.parts.iter().zip(tiles) {
+            let k = sums.len() / n;
+            let at = rows.start / 8 * g8c;
+            for (t, frame) in computed.chunks_exact_mut(fields).enumerate() {
+                frame[at..at + k].copy_from_slice(&sums[t * k..(t + 1) * k]);
+            }
+        }
+        for frame in computed.chunks_exact_mut(fields) {
+            spatial::fill_large_tiles(r, c, frame);
+        }
+        let arrays = match file.spatial_arrays(self.info.chunk) {
+            Ok(a) => a,
+            Err(e) => {
+                self.index_error.get_or_insert(e);
+                return;
+            }
+        };
+        let mut stored = vec![0u32; n];
+        let known = self.mismatch.map_or(fields, |(f, ..)| f);
+        for t in 0..known.min(fields) {
+            file.block_field_frames(arrays, &self.info, t, t0, &mut stored);
+            let column = computed[t..].iter().step_by(fields);
+            if let Some((k, (s, c))) = stored
+                .iter()
+                .zip(column)
+                .enumerate()
+                .find(|(_, (s, c))| s != c)
+            {
+                self.mismatch = Some((t, t0 + k, *s, *c));
+                return;
+            }
+        }
+    }
+}
+
 impl QemFile {
+    /// Frames per window of block `block`: all of them when its decoded
+    /// bytes fit [`WINDOW_BYTES`], else as many as fit (at least one).
+    pub fn window_frames(&self, block: usize) -> usize {
+        self.blocks()
+            .get(block)
+            .map_or(0, |info| self.window_frames_of(info, WINDOW_BYTES))
+    }
+
+    /// Frames per window of `info` within `bytes` of decoded rows.
+    pub(crate) fn window_frames_of(&self, info: &BlockInfo, bytes: usize) -> usize {
+        if info.decoded_bytes <= bytes {
+            return info.frames;
+        }
+        (bytes / self.frame_bytes().max(1)).clamp(1, info.frames.max(1))
+    }
+
+    /// A cursor at the first frame of block `block`, for decoding it in
+    /// windows ([`BlockCursor::read`]) with its pixels spread over threads.
+    pub fn block_cursor(&self, block: usize) -> Result<BlockCursor> {
+        let info = *self.blocks().get(block).ok_or(QemError::OutOfRange {
+            what: "block",
+            index: block,
+            limit: self.blocks().len(),
+        })?;
+        self.cursor_with(&info, Some(PART_PIXELS), Kernel::best())
+    }
+
+    /// A cursor over `info` in parts of about `part_pixels` pixels
+    /// (`None`: one part).
+    fn cursor_with(
+        &self,
+        info: &BlockInfo,
+        part_pixels: Option<usize>,
+        kernel: Kernel,
+    ) -> Result<BlockCursor> {
+        let m = info.frames;
+        let p = self.pixels();
+        let [_, _, r, c] = self.shape();
+        let chunk = &self.chunks()[info.chunk];
+        let table = self.stream_table(info.chunk)?;
+        let (first, count) = block_streams(self.codec(), p, info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let mut cursor = BlockCursor {
+            info: *info,
+            parts: Vec::new(),
+            cursors: Vec::new(),
+            sums: Vec::new(),
+            kernel,
+            next: 0,
+            mismatch: None,
+            index_error: None,
+            reference: false,
+        };
+        if m == 0 || p == 0 {
+            return Ok(cursor);
+        }
+        let spp = count / p;
+        let index =
+            self.codec() == Codec::Integer && self.block_index_verdict(info.index).is_none();
+        let (_, valid) = self.index_inputs();
+        // Detector rows per part (one part: the whole detector).
+        let band = match part_pixels {
+            Some(n) => 8 * (n / (8 * c)).max(1),
+            None => r,
+        };
+        cursor.parts = (0..r)
+            .step_by(band)
+            .map(|r0| r0..(r0 + band).min(r))
+            .collect();
+        let made: Vec<std::result::Result<Cursor, Refused>> = cursor
+            .parts
+            .par_iter()
+            .map(|rows| {
+                Cursor::new(
+                    &table,
+                    first + spp * rows.start * c,
+                    spp * rows.len() * c,
+                    m,
+                )
+            })
+            .collect();
+        if made.iter().any(|c| c.is_err()) {
+            if let Some(fault) = self.reference_fault(info, &cursor.parts, &table) {
+                return Err(fault);
+            }
+            cursor.reference = true;
+        }
+        cursor.cursors = made
+            .into_iter()
+            .map(|c| c.ok().filter(|_| !cursor.reference))
+            .collect();
+        cursor.sums = cursor
+            .parts
+            .iter()
+            .map(|rows| index.then(|| FrameSums::new(c, rows.clone(), &valid)))
+            .collect();
+        Ok(cursor)
+    }
+
     /// Decodes block `info` and writes its frames `frames` (block-relative)
-    /// to `output`. Every whole-block decode of an integer block whose
-    /// index verdict is unknown checks the index and remembers the verdict
-    /// (a disagreement is only remembered: the counts themselves are
-    /// verified and served; index products refuse the block). `spread`:
-    /// the block's pixels are decoded by several threads (a caller with
-    /// enough blocks to keep every thread busy passes `false`).
+    /// to `output`, a window at a time ([`WINDOW_BYTES`]; an ordinary
+    /// block is one window). Every whole-block decode of an integer block
+    /// whose index verdict is unknown checks the index and remembers the
+    /// verdict (a disagreement is only remembered: the counts themselves
+    /// are verified and served; index products refuse the block).
+    /// `spread`: the block's pixels are decoded by several threads (a
+    /// caller with enough blocks to keep every thread busy passes `false`;
+    /// a block larger than a window is spread whatever it passes).
     pub(crate) fn decode_block_frames(
         &self,
         info: &BlockInfo,
@@ -111,12 +555,14 @@ impl QemFile {
         output: Output<'_>,
         spread: bool,
     ) -> Result<()> {
-        let part = spread.then_some(PART_PIXELS);
-        self.decode_block_with(info, frames, output, part, Kernel::best())
+        let part = (spread || info.decoded_bytes > WINDOW_BYTES).then_some(PART_PIXELS);
+        let window = self.window_frames_of(info, WINDOW_BYTES);
+        self.decode_block_with(info, frames, output, part, Kernel::best(), window)
     }
 
     /// [`decode_block_frames`](Self::decode_block_frames) with `kernel`,
-    /// in parts of about `part_pixels` pixels (`None`: one part).
+    /// in parts of about `part_pixels` pixels (`None`: one part) and
+    /// windows of `window` frames.
     fn decode_block_with(
         &self,
         info: &BlockInfo,
@@ -124,12 +570,44 @@ impl QemFile {
         mut output: Output<'_>,
         part_pixels: Option<usize>,
         kernel: Kernel,
+        window: usize,
     ) -> Result<()> {
         let m = info.frames;
-        let p = self.pixels();
-        let [_, _, r, c] = self.shape();
-        let stored_u8 = self.stored_dtype() == Dtype::U8;
-        let (convert, e) = match &output {
+        let (_, e) = self.convert_of(info, &output)?;
+        if frames.start > frames.end || frames.end > m {
+            return Err(QemError::OutOfRange {
+                what: "block frame",
+                index: frames.end,
+                limit: m,
+            });
+        }
+        let row_bytes = self.pixels() * e;
+        if let Some(len) = output.len().filter(|&len| len != frames.len() * row_bytes) {
+            return Err(QemError::OutOfRange {
+                what: "block output",
+                index: len,
+                limit: frames.len() * row_bytes,
+            });
+        }
+        let mut cursor = self.cursor_with(info, part_pixels, kernel)?;
+        for w0 in (0..m).step_by(window.max(1)) {
+            let w1 = (w0 + window.max(1)).min(m);
+            let (lo, hi) = (frames.start.max(w0), frames.end.min(w1));
+            let (wanted, part) = if lo < hi {
+                let rows = lo - frames.start..hi - frames.start;
+                (lo..hi, output.rows(rows, row_bytes))
+            } else {
+                (w0..w0, Output::Check)
+            };
+            cursor.advance(self, w1 - w0, wanted, part)?;
+        }
+        Ok(())
+    }
+
+    /// How the decoded u16 values become `output`'s bytes, and the bytes
+    /// per pixel.
+    fn convert_of(&self, info: &BlockInfo, output: &Output<'_>) -> Result<(Convert, usize)> {
+        Ok(match output {
             Output::Check => (Convert::Skip, 0),
             Output::Codes(_) if self.codec() == Codec::Float => {
                 return Err(QemError::header(
@@ -144,175 +622,64 @@ impl QemFile {
                     .map_or((1.0, 0.0), |region| (region.scale, region.offset));
                 (Convert::Calibrate { scale, offset }, 4)
             }
-            Output::Values(_) if stored_u8 => (Convert::Narrow, 1),
+            Output::Values(_) if self.stored_dtype() == Dtype::U8 => (Convert::Narrow, 1),
             Output::Values(_) => (Convert::Copy, self.decoded_dtype().size()),
             Output::Codes(_) => (Convert::Copy, 2),
-        };
-        if frames.start > frames.end || frames.end > m {
-            return Err(QemError::OutOfRange {
-                what: "block frame",
-                index: frames.end,
-                limit: m,
-            });
-        }
-        let row_bytes = p * e;
-        if let Output::Values(out) | Output::Codes(out) = &output {
-            if out.len() != frames.len() * row_bytes {
-                return Err(QemError::OutOfRange {
-                    what: "block output",
-                    index: out.len(),
-                    limit: frames.len() * row_bytes,
-                });
-            }
-        }
-        let chunk = &self.chunks()[info.chunk];
-        let table = self.stream_table(info.chunk)?;
-        let (first, count) = block_streams(self.codec(), p, info.block_in_chunk);
-        self.checked(self.payload_span(chunk, &table, first, count))?;
-        if m == 0 || p == 0 {
-            return Ok(());
-        }
-        let spp = count / p;
-        let index =
-            self.codec() == Codec::Integer && self.block_index_verdict(info.index).is_none();
-        let (_, valid) = self.index_inputs();
-
-        // Detector rows per part (one part: the whole detector).
-        let band = match part_pixels {
-            Some(n) => 8 * (n / (8 * c)).max(1),
-            None => r,
-        };
-        let parts: Vec<Range<usize>> = (0..r)
-            .step_by(band)
-            .map(|r0| r0..(r0 + band).min(r))
-            .collect();
-        // Whole u16 rows with nothing to convert go straight to the output.
-        let direct = parts.len() == 1 && matches!(convert, Convert::Copy) && frames == (0..m);
-        let mut segments: Vec<Vec<&mut [u8]>> = parts.iter().map(|_| Vec::new()).collect();
-        let mut whole: Option<&mut [u8]> = None;
-        if let Output::Values(out) | Output::Codes(out) = &mut output {
-            if direct {
-                whole = Some(&mut **out);
-            } else {
-                for row in out.chunks_exact_mut(row_bytes) {
-                    let mut rest = row;
-                    for (part, segs) in parts.iter().zip(&mut segments) {
-                        let (head, tail) = rest.split_at_mut(part.len() * c * e);
-                        segs.push(head);
-                        rest = tail;
-                    }
-                }
-            }
-        }
-        // One part: its 8×8 tile sums (frame-major) when it decoded
-        // cleanly, else `None`. Into `whole` (the block's every row) or
-        // into `segs` (its columns of each output row) through a slab.
-        let decode_part = |rows: &Range<usize>,
-                           whole: Option<&mut [u8]>,
-                           mut segs: Vec<&mut [u8]>|
-         -> Option<Vec<u32>> {
-            let (p0, w) = (rows.start * c, rows.len() * c);
-            let ws = spp * w;
-            let mut sums = index.then(|| FrameSums::new(c, rows.clone(), &valid));
-            let tiles = sums.as_ref().map_or(0, FrameSums::tiles);
-            let mut tile_sums = vec![0u32; tiles * m];
-            let mut in_range = true;
-            let on_slab = |t0: usize, rows: &[u8]| {
-                let vals = values(rows);
-                if stored_u8 {
-                    in_range &= vals.iter().all(|&v| u16::from_le(v) <= 255);
-                }
-                if let Some(sums) = sums.as_mut() {
-                    sums.add(&vals, t0, &mut tile_sums);
-                }
-                for (k, src) in vals.chunks_exact(ws).enumerate() {
-                    let seg = (t0 + k)
-                        .checked_sub(frames.start)
-                        .and_then(|i| segs.get_mut(i));
-                    if let Some(seg) = seg {
-                        convert.row(src, seg);
-                    }
-                }
-            };
-            let s0 = first + spp * p0;
-            let done = match whole {
-                Some(out) => {
-                    frame_major::decode(&table, s0, ws, m, kernel, Rows::Whole(out), on_slab)
-                }
-                None => {
-                    let mut slab = vec![0u16; ws * SLAB.min(m)];
-                    let rows = Rows::Slab(bytemuck::cast_slice_mut(&mut slab));
-                    frame_major::decode(&table, s0, ws, m, kernel, rows, on_slab)
-                }
-            };
-            (done.is_ok() && in_range).then_some(tile_sums)
-        };
-        let decoded: Vec<Option<Vec<u32>>> = if parts.len() == 1 {
-            let segs = segments.pop().unwrap_or_default();
-            vec![decode_part(&parts[0], whole, segs)]
-        } else {
-            parts
-                .par_iter()
-                .zip(segments.into_par_iter())
-                .map(|(rows, segs)| decode_part(rows, None, segs))
-                .collect()
-        };
-        if decoded.iter().all(Option::is_some) {
-            if index {
-                let tiles: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
-                self.check_tiles(info, &parts, &tiles);
-            }
-            return Ok(());
-        }
-        // Some stream does not decode cleanly, or a uint8 count exceeds
-        // 255: the reference path names the first fault.
-        let columns = self.block_columns(info)?;
-        // Reached only where the kernels refuse what the reference
-        // accepts (a payload beyond their 2 GiB reach): served from the
-        // reference's values.
-        if self.codec() == Codec::Integer {
-            let _ = self.check_spatial(info, &columns);
-        }
-        if let Output::Values(out) | Output::Codes(out) = output {
-            let mut row = vec![0u16; count];
-            for (t, dst) in frames.clone().zip(out.chunks_exact_mut(row_bytes)) {
-                for (j, v) in row.iter_mut().enumerate() {
-                    *v = columns[j * m + t].to_le();
-                }
-                convert.row(&row, dst);
-            }
-        }
-        Ok(())
+        })
     }
 
-    /// Completes the index check of block `info` from the 8×8 tile sums of
-    /// its `parts` (frame-major per part) and remembers the verdict.
-    fn check_tiles(&self, info: &BlockInfo, parts: &[Range<usize>], tiles: &[Vec<u32>]) {
-        let (m, fields) = (info.frames, self.spatial_fields());
-        let [_, _, r, c] = self.shape();
-        let g8c = c.div_ceil(8);
-        let mut computed = vec![0u32; m * fields];
-        for (rows, sums) in parts.iter().zip(tiles) {
-            let n = sums.len() / m;
-            let at = rows.start / 8 * g8c;
-            for (t, frame) in computed.chunks_exact_mut(fields).enumerate() {
-                frame[at..at + n].copy_from_slice(&sums[t * n..(t + 1) * n]);
-            }
-        }
-        for frame in computed.chunks_exact_mut(fields) {
-            spatial::fill_large_tiles(r, c, frame);
-        }
-        match self.spatial_agrees(info, &computed) {
-            Ok(true) => self.remember_index(info, Ok(())),
-            // Field-major, as the verdict names the first field found.
-            Ok(false) => {
-                let by_field: Vec<u64> = (0..fields * m)
-                    .map(|i| u64::from(computed[(i % m) * fields + i / m]))
-                    .collect();
-                let _ = self.record_index(info, &by_field);
-            }
-            Err(e) => self.remember_index(info, Err(e)),
-        }
+    /// The first fault of block `info` as the reference decoder names it,
+    /// stream by stream, a part (`parts`: detector rows) at a time so that
+    /// memory stays at a part's columns: the first stream that does not
+    /// decode, else the first uint8 count above 255; `None` when every
+    /// stream is valid.
+    fn reference_fault(
+        &self,
+        info: &BlockInfo,
+        parts: &[Range<usize>],
+        table: &StreamTable<'_>,
+    ) -> Option<QemError> {
+        let p = self.pixels();
+        let [_, _, _, c] = self.shape();
+        let m = info.frames;
+        let (first, count) = block_streams(self.codec(), p, info.block_in_chunk);
+        let spp = count / p;
+        let u8_counts = self.stored_dtype() == Dtype::U8;
+        let site = |stream| StreamSite {
+            chunk: info.chunk,
+            stream,
+        };
+        let faults: Vec<(Option<QemError>, Option<QemError>)> = parts
+            .par_iter()
+            .map(|rows| {
+                let s0 = first + spp * rows.start * c;
+                let mut cols = vec![0u16; spp * rows.len() * c * m];
+                if let Err((s, fault)) = table.decode_range(s0, m, &mut cols) {
+                    return (
+                        Some(QemError::Stream {
+                            site: site(s),
+                            fault,
+                        }),
+                        None,
+                    );
+                }
+                let high = u8_counts
+                    .then(|| cols.iter().position(|&v| v > 255))
+                    .flatten()
+                    .map(|i| QemError::ValueRange {
+                        site: site(s0 + i / m),
+                        value: cols[i],
+                        dtype: "uint8",
+                    });
+                (None, high)
+            })
+            .collect();
+        let (streams, ranges): (Vec<_>, Vec<_>) = faults.into_iter().unzip();
+        streams
+            .into_iter()
+            .flatten()
+            .next()
+            .or_else(|| ranges.into_iter().flatten().next())
     }
 }
 
@@ -396,8 +763,17 @@ mod tests {
                 };
                 let e = file.decoded_dtype().size();
                 for kernel in Kernel::ALL.into_iter().filter(|k| k.available()) {
-                    // One part, the default parts, and one 8-row band each.
-                    for spread in [None, Some(PART_PIXELS), Some(1)] {
+                    // One part, the default parts, and one 8-row band
+                    // each; in one window and in windows of a few frames.
+                    let windows = [
+                        (None, m),
+                        (Some(PART_PIXELS), m),
+                        (Some(1), m),
+                        (None, 5),
+                        (Some(PART_PIXELS), 3),
+                        (Some(1), 1),
+                    ];
+                    for (spread, window) in windows {
                         for frames in [0..m, 0..m / 2, m / 3..m, m / 2..(m / 2 + 1).min(m)] {
                             let mut out = vec![0xa5u8; frames.len() * p * e];
                             let got = file.decode_block_with(
@@ -406,6 +782,7 @@ mod tests {
                                 Output::Values(&mut out),
                                 spread,
                                 kernel,
+                                window,
                             );
                             let what = format!(
                                 "{name} block {} {frames:?} {kernel:?} {spread:?}",
@@ -415,7 +792,7 @@ mod tests {
                                 Ok(_) => {
                                     got.unwrap();
                                     let want = &values[frames.start * p * e..frames.end * p * e];
-                                    assert!(out == want, "{what}: values differ");
+                                    assert!(out == want, "{what} window {window}: values differ");
                                 }
                                 Err(want) => {
                                     assert_eq!(
@@ -426,14 +803,27 @@ mod tests {
                                 }
                             }
                         }
-                        let checked =
-                            file.decode_block_with(&info, 0..m, Output::Check, spread, kernel);
+                        let checked = file.decode_block_with(
+                            &info,
+                            0..m,
+                            Output::Check,
+                            spread,
+                            kernel,
+                            window,
+                        );
                         // The index verdict, made by these parts on a fresh
                         // opening, equals the reference path's.
                         if file.codec() == Codec::Integer && reference.is_ok() {
                             let fresh = QemFile::from_bytes(bytes.clone()).unwrap();
                             fresh
-                                .decode_block_with(&info, 0..m, Output::Check, spread, kernel)
+                                .decode_block_with(
+                                    &info,
+                                    0..m,
+                                    Output::Check,
+                                    spread,
+                                    kernel,
+                                    window,
+                                )
                                 .unwrap();
                             let got = fresh
                                 .block_index_verdict(info.index)
@@ -459,6 +849,7 @@ mod tests {
                                 Output::Codes(&mut out),
                                 spread,
                                 kernel,
+                                window,
                             );
                             if reference.is_ok() {
                                 got.unwrap();

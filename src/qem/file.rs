@@ -415,6 +415,7 @@ impl QemFile {
     /// Decodes every stream of `block` into stream-major values (`m` per
     /// stream; for float, lane `2p` then `2p + 1`), in parallel, with the
     /// dtype range checked.
+    #[cfg(test)]
     pub(super) fn block_columns(&self, info: &BlockInfo) -> Result<Vec<u16>> {
         let c = info.chunk;
         let chunk = &self.layout.chunks[c];
@@ -463,29 +464,6 @@ impl QemFile {
     /// there are fewer blocks than threads (else one thread per block).
     fn spread(&self, blocks: usize) -> bool {
         blocks < rayon::current_num_threads()
-    }
-
-    /// Whether the stored spatial index of `info` equals `computed`
-    /// (frame-major: `computed[frame * fields + field]`), one field at a
-    /// time.
-    pub(super) fn spatial_agrees(&self, info: &BlockInfo, computed: &[u32]) -> Result<bool> {
-        let (m, fields) = (info.frames, self.layout.fields);
-        if computed.len() != m * fields {
-            return Ok(false);
-        }
-        let arrays = self.spatial_arrays(info.chunk)?;
-        let mut stored = vec![0u32; m];
-        for t in 0..fields {
-            self.block_field(arrays, info, t, &mut stored);
-            if stored
-                .iter()
-                .zip(computed[t..].iter().step_by(fields))
-                .any(|(s, c)| s != c)
-            {
-                return Ok(false);
-            }
-        }
-        Ok(true)
     }
 
     /// The verified, structurally checked streams of `block`, undecoded.
@@ -878,16 +856,28 @@ impl QemFile {
     /// (`out.len() == m`).
     pub(super) fn block_field(
         &self,
+        arrays: (&[u8], &[u8], &[u8]),
+        info: &BlockInfo,
+        t: usize,
+        out: &mut [u32],
+    ) {
+        self.block_field_frames(arrays, info, t, 0, out)
+    }
+
+    /// Field `t` of block frames `k0..k0 + out.len()` (within the block).
+    pub(super) fn block_field_frames(
+        &self,
         (words, offs, widths): (&[u8], &[u8], &[u8]),
         info: &BlockInfo,
         t: usize,
+        k0: usize,
         out: &mut [u32],
     ) {
         let i = info.block_in_chunk * self.layout.fields + t;
         let a = u64::from_le_bytes(offs[8 * i..8 * i + 8].try_into().unwrap_or_default()) as usize;
         let b =
             u64::from_le_bytes(offs[8 * i + 8..8 * i + 16].try_into().unwrap_or_default()) as usize;
-        spatial::unpack(&words[4 * a..4 * b], u32::from(widths[i]), info.frames, out);
+        spatial::unpack_from(&words[4 * a..4 * b], u32::from(widths[i]), k0, out);
     }
 
     /// Tile sums from the spatial index (integer codec), without decoding
@@ -959,6 +949,7 @@ impl QemFile {
 
     /// Checks one decoded integer block (stream-major columns) against the
     /// spatial index.
+    #[cfg(test)]
     pub(super) fn check_spatial(&self, info: &BlockInfo, cols: &[u16]) -> Result<()> {
         if let Some(known) = self.block_index[info.index].get() {
             return known.clone();
@@ -971,6 +962,7 @@ impl QemFile {
 
     /// Compares the decoded per-field sums of a block (`computed[t * m +
     /// k]`) with its stored index and remembers the verdict.
+    #[cfg(test)]
     pub(super) fn record_index(&self, info: &BlockInfo, computed: &[u64]) -> Result<()> {
         let verdict = self.block_spatial(info).and_then(|stored| {
             let m = info.frames;

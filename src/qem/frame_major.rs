@@ -14,7 +14,7 @@
 
 use super::lanes::{Group, Kernel, LANES, STEP_BYTES, WINDOW};
 use super::rans;
-use super::stream::{self, StreamTable, RANS_TABLES, ZEROS};
+use super::stream::{self, StreamTable, CONSTANT, LITERAL, RANS_TABLES, ZEROS};
 
 /// Frames per slab: 32 frames of a 128×128 detector are 1 MiB, which
 /// stays in a core's L2 cache until validation has summed it.
@@ -49,128 +49,259 @@ pub enum Rows<'a> {
     Slab(&'a mut [u8]),
 }
 
-/// Decodes the `count` u16 streams from `first` (chunk-relative, `m`
-/// values each) of `table` frame-major: value `t` of stream `first + j`
-/// goes to the little-endian u16 at `2 * (t * count + j)`. After each slab
-/// of frames `t0..t1` is complete, `on_slab(t0, rows)` sees its rows.
+/// A stream other than rANS and zeros (constant, literal, sparse): its
+/// values are taken from its bytes a slab at a time, so that a cursor over
+/// a huge block holds no decoded column.
+struct Other {
+    /// Its column within the block's rows.
+    p: usize,
+    /// Its stream index in the table.
+    s: usize,
+    sel: u8,
+    /// Sparse: the next event not yet written.
+    event: usize,
+}
+
+impl Other {
+    /// Writes its values of frames `t0..t0 + rows.len() / row_bytes` into
+    /// column `p` of `rows`.
+    fn fill(&mut self, table: &StreamTable<'_>, t0: usize, slab: &mut [u8], row_bytes: usize) {
+        let (_, bytes) = table.stream(self.s);
+        let at = 2 * self.p;
+        let n = slab.len() / row_bytes;
+        match self.sel {
+            CONSTANT => {
+                for row in slab.chunks_exact_mut(row_bytes) {
+                    row[at..at + 2].copy_from_slice(&bytes[..2]);
+                }
+            }
+            LITERAL => {
+                for (k, row) in slab.chunks_exact_mut(row_bytes).enumerate() {
+                    let t = 2 * (t0 + k);
+                    row[at..at + 2].copy_from_slice(&bytes[t..t + 2]);
+                }
+            }
+            _ => {
+                for row in slab.chunks_exact_mut(row_bytes) {
+                    row[at..at + 2].fill(0);
+                }
+                // Positions were checked increasing and in range by
+                // `Cursor::new`.
+                while let Some(b) = bytes.get(2 * self.event..2 * self.event + 2) {
+                    let e = u16::from_le_bytes([b[0], b[1]]);
+                    let position = usize::from(e >> 7);
+                    if position >= t0 + n {
+                        break;
+                    }
+                    let v = (e & 127) + 1;
+                    let row = (position - t0) * row_bytes;
+                    slab[row + at..row + at + 2].copy_from_slice(&v.to_le_bytes());
+                    self.event += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The `count` u16 streams from `first` (chunk-relative, `m` values each)
+/// of a stream table, decoded frame-major a run of frames at a time: every
+/// lane group keeps its rANS states and byte positions between runs, so a
+/// block can be decoded in frame windows without holding more than a
+/// window of rows (about 16 bytes of state per stream). The cursor holds
+/// no reference to the table; every call is handed the same one.
+pub struct Cursor {
+    count: usize,
+    m: usize,
+    next: usize,
+    /// The payload bytes of the streams: `start..stop` of the payload.
+    start: usize,
+    stop: usize,
+    groups: Vec<GroupPlan>,
+    others: Vec<Other>,
+}
+
+impl Cursor {
+    /// A cursor at frame 0, or [`Refused`] when some stream's first bytes
+    /// (a rANS state, a constant, literal or sparse stream) are invalid.
+    pub fn new(
+        table: &StreamTable<'_>,
+        first: usize,
+        count: usize,
+        m: usize,
+    ) -> Result<Cursor, Refused> {
+        if count == 0 || m == 0 {
+            return Err(Refused);
+        }
+        let (start, _) = table.span(first);
+        let (_, stop) = table.span(first + count - 1);
+        let len = stop - start;
+        if len > i32::MAX as usize - REACH {
+            return Err(Refused);
+        }
+        let mut groups = Vec::with_capacity(count.div_ceil(LANES));
+        let mut others = Vec::new();
+        // Checks the other streams once (sparse positions); one column of
+        // scratch, reused.
+        let mut scratch = Vec::new();
+        for p0 in (0..count).step_by(LANES) {
+            let width = LANES.min(count - p0);
+            let mut plan = GroupPlan {
+                group: Group::default(),
+                p0,
+                width,
+                active: false,
+                own: None,
+            };
+            let mut near_end = false;
+            for j in 0..width {
+                let s = first + p0 + j;
+                let (sel, bytes) = table.stream(s);
+                if sel < RANS_TABLES {
+                    plan.active = true;
+                    let (a, b) = table.span(s);
+                    near_end |= b - start + REACH > len;
+                    let x = rans::initial_state(usize::from(sel), bytes).map_err(|_| Refused)?;
+                    let (a, b) = ((a - start + 4) as u32, (b - start) as u32);
+                    plan.group.set_lane(j, usize::from(sel), x, a, b);
+                } else if sel != ZEROS {
+                    scratch.resize(m, 0);
+                    stream::decode(sel, bytes, &mut scratch).map_err(|_| Refused)?;
+                    others.push(Other {
+                        p: p0 + j,
+                        s,
+                        sel,
+                        event: 0,
+                    });
+                }
+            }
+            if plan.active && near_end {
+                // The group's own copy: its streams back to back, then REACH
+                // zero bytes; idle lanes sit at 0.
+                let mut own = Vec::new();
+                for j in 0..width {
+                    let (sel, bytes) = table.stream(first + p0 + j);
+                    if sel < RANS_TABLES {
+                        let a = own.len() + 4;
+                        own.extend_from_slice(bytes);
+                        let x = plan.group.x[j];
+                        plan.group
+                            .set_lane(j, usize::from(sel), x, a as u32, own.len() as u32);
+                    }
+                }
+                own.resize(own.len() + REACH, 0);
+                plan.own = Some(own);
+            }
+            groups.push(plan);
+        }
+        Ok(Cursor {
+            count,
+            m,
+            next: 0,
+            start,
+            stop,
+            groups,
+            others,
+        })
+    }
+
+    /// Decodes the next `n` frames: value `t` of stream `first + j` goes
+    /// to the little-endian u16 at `2 * ((t - next) * count + j)` of
+    /// `Rows::Whole` (`2 * n * count` bytes), or of a slab (`Rows::Slab`,
+    /// at least `2 * SLAB.min(n) * count` bytes, reused). After each slab
+    /// of frames `t0..t1` is complete, `on_slab(t0, rows)` sees its rows
+    /// (`t0` counted from the block's first frame). Refused when some lane
+    /// reads past its stream; the cursor is then of no further use.
+    pub fn advance(
+        &mut self,
+        table: &StreamTable<'_>,
+        kernel: Kernel,
+        n: usize,
+        mut rows: Rows<'_>,
+        mut on_slab: impl FnMut(usize, &[u8]),
+    ) -> Result<(), Refused> {
+        let row_bytes = 2 * self.count;
+        let end = self.next.checked_add(n).filter(|&e| e <= self.m);
+        let Some(end) = end else {
+            return Err(Refused);
+        };
+        match &rows {
+            Rows::Whole(out) if out.len() == row_bytes * n => {}
+            Rows::Slab(out) if out.len() >= row_bytes * SLAB.min(n) => {}
+            _ => return Err(Refused),
+        }
+        let buf = &table.payload[self.start..self.stop];
+        // A group narrower than LANES (the last one) decodes into a scratch
+        // slab, as its full rows would run into the next frame's pixels.
+        let mut narrow = vec![0u8; 2 * LANES * SLAB];
+        for t0 in (self.next..end).step_by(SLAB) {
+            let k = SLAB.min(end - t0);
+            let slab = match &mut rows {
+                Rows::Whole(out) => {
+                    let at = (t0 - self.next) * row_bytes;
+                    &mut out[at..at + k * row_bytes]
+                }
+                Rows::Slab(out) => &mut out[..k * row_bytes],
+            };
+            for plan in &mut self.groups {
+                let bytes = plan.own.as_deref().unwrap_or(buf);
+                if !plan.active {
+                    for row in slab.chunks_exact_mut(row_bytes) {
+                        row[2 * plan.p0..2 * (plan.p0 + plan.width)].fill(0);
+                    }
+                    continue;
+                }
+                if plan.width == LANES && self.count >= LANES {
+                    plan.group
+                        .run(kernel, bytes, &mut slab[2 * plan.p0..], self.count, k);
+                } else {
+                    plan.group.run(kernel, bytes, &mut narrow, LANES, k);
+                    for (row, src) in slab
+                        .chunks_exact_mut(row_bytes)
+                        .zip(narrow.chunks_exact(2 * LANES))
+                    {
+                        row[2 * plan.p0..2 * (plan.p0 + plan.width)]
+                            .copy_from_slice(&src[..2 * plan.width]);
+                    }
+                }
+                if !plan.group.within() {
+                    return Err(Refused);
+                }
+            }
+            for other in &mut self.others {
+                other.fill(table, t0, slab, row_bytes);
+            }
+            on_slab(t0, slab);
+        }
+        self.next = end;
+        Ok(())
+    }
+
+    /// After the last frame: whether every rANS stream ended exactly.
+    pub fn finish(&self) -> Result<(), Refused> {
+        let clean = self.groups.iter().all(|g| !g.active || g.group.clean());
+        if self.next == self.m && clean {
+            Ok(())
+        } else {
+            Err(Refused)
+        }
+    }
+}
+
+/// Decodes the `count` u16 streams from `first` (chunk-relative, `m` values
+/// each) of `table` frame-major, all `m` frames: see [`Cursor::advance`].
+#[cfg(test)]
 pub fn decode(
     table: &StreamTable<'_>,
     first: usize,
     count: usize,
     m: usize,
     kernel: Kernel,
-    mut rows: Rows<'_>,
-    mut on_slab: impl FnMut(usize, &[u8]),
+    rows: Rows<'_>,
+    on_slab: impl FnMut(usize, &[u8]),
 ) -> Result<(), Refused> {
-    if count == 0 || m == 0 {
-        return Err(Refused);
-    }
-    let (start, _) = table.span(first);
-    let (_, stop) = table.span(first + count - 1);
-    let buf = &table.payload[start..stop];
-    if buf.len() > i32::MAX as usize - REACH {
-        return Err(Refused);
-    }
-    let row_bytes = 2 * count;
-    match &rows {
-        Rows::Whole(out) if out.len() == row_bytes * m => {}
-        Rows::Slab(out) if out.len() == row_bytes * SLAB.min(m) => {}
-        _ => return Err(Refused),
-    }
-    let mut groups = Vec::with_capacity(count.div_ceil(LANES));
-    // Streams other than rANS and zeros, decoded whole, scattered per slab.
-    let mut others: Vec<(usize, Vec<u16>)> = Vec::new();
-    for p0 in (0..count).step_by(LANES) {
-        let width = LANES.min(count - p0);
-        let mut plan = GroupPlan {
-            group: Group::default(),
-            p0,
-            width,
-            active: false,
-            own: None,
-        };
-        let mut near_end = false;
-        for j in 0..width {
-            let s = first + p0 + j;
-            let (sel, bytes) = table.stream(s);
-            if sel < RANS_TABLES {
-                plan.active = true;
-                let (a, b) = table.span(s);
-                near_end |= b - start + REACH > buf.len();
-                let x = rans::initial_state(usize::from(sel), bytes).map_err(|_| Refused)?;
-                let (a, b) = ((a - start + 4) as u32, (b - start) as u32);
-                plan.group.set_lane(j, usize::from(sel), x, a, b);
-            } else if sel != ZEROS {
-                let mut col = vec![0u16; m];
-                stream::decode(sel, bytes, &mut col).map_err(|_| Refused)?;
-                others.push((p0 + j, col));
-            }
-        }
-        if plan.active && near_end {
-            // The group's own copy: its streams back to back, then REACH
-            // zero bytes; idle lanes sit at 0.
-            let mut own = Vec::new();
-            for j in 0..width {
-                let (sel, bytes) = table.stream(first + p0 + j);
-                if sel < RANS_TABLES {
-                    let a = own.len() + 4;
-                    own.extend_from_slice(bytes);
-                    let x = plan.group.x[j];
-                    plan.group
-                        .set_lane(j, usize::from(sel), x, a as u32, own.len() as u32);
-                }
-            }
-            own.resize(own.len() + REACH, 0);
-            plan.own = Some(own);
-        }
-        groups.push(plan);
-    }
-    // A group narrower than LANES (the last one) decodes into a scratch
-    // slab, as its full rows would run into the next frame's pixels.
-    let mut narrow = vec![0u8; 2 * LANES * SLAB];
-    for t0 in (0..m).step_by(SLAB) {
-        let n = SLAB.min(m - t0);
-        let slab = match &mut rows {
-            Rows::Whole(out) => &mut out[t0 * row_bytes..(t0 + n) * row_bytes],
-            Rows::Slab(out) => &mut out[..n * row_bytes],
-        };
-        for plan in &mut groups {
-            let bytes = plan.own.as_deref().unwrap_or(buf);
-            if !plan.active {
-                for row in slab.chunks_exact_mut(row_bytes) {
-                    row[2 * plan.p0..2 * (plan.p0 + plan.width)].fill(0);
-                }
-                continue;
-            }
-            if plan.width == LANES && count >= LANES {
-                plan.group
-                    .run(kernel, bytes, &mut slab[2 * plan.p0..], count, n);
-            } else {
-                plan.group.run(kernel, bytes, &mut narrow, LANES, n);
-                for (row, src) in slab
-                    .chunks_exact_mut(row_bytes)
-                    .zip(narrow.chunks_exact(2 * LANES))
-                {
-                    row[2 * plan.p0..2 * (plan.p0 + plan.width)]
-                        .copy_from_slice(&src[..2 * plan.width]);
-                }
-            }
-            if !plan.group.within() {
-                return Err(Refused);
-            }
-        }
-        for (p, col) in &others {
-            for (row, v) in slab.chunks_exact_mut(row_bytes).zip(&col[t0..t0 + n]) {
-                row[2 * p..2 * p + 2].copy_from_slice(&v.to_le_bytes());
-            }
-        }
-        on_slab(t0, slab);
-    }
-    if groups.iter().all(|g| !g.active || g.group.clean()) {
-        Ok(())
-    } else {
-        Err(Refused)
-    }
+    let mut cursor = Cursor::new(table, first, count, m)?;
+    cursor.advance(table, kernel, m, rows, on_slab)?;
+    cursor.finish()
 }
 
 #[cfg(test)]
@@ -178,7 +309,7 @@ mod tests {
     use super::*;
     use crate::qem::rans::encode;
     use crate::qem::rans::tests::reference;
-    use crate::qem::stream::{CONSTANT, LITERAL, SPARSE};
+    use crate::qem::stream::SPARSE;
     use proptest::prelude::*;
 
     /// One stream: a selector kind, its values, and a damage.
@@ -317,6 +448,33 @@ mod tests {
                 },
             );
             prop_assert_eq!(got2.is_ok(), valid, "{} slabs", kernel.name());
+            // In frame windows of `step` frames (a cursor resumed), into
+            // whole rows and into a slab: the same values, and refused
+            // exactly when some stream is invalid.
+            let step = 1 + (table0 + count) % 45;
+            let mut windowed = vec![0u16; count * m];
+            let got3 = Cursor::new(&table, first, count, m).and_then(|mut cursor| {
+                let mut t = 0;
+                while t < m {
+                    let n = step.min(m - t);
+                    let mut rows = vec![0x33u8; 2 * count * n];
+                    if (t / step).is_multiple_of(2) {
+                        cursor.advance(&table, kernel, n, Rows::Whole(&mut rows), |_, _| {})?;
+                    } else {
+                        let mut slab = vec![0x77u8; 2 * count * SLAB.min(n)];
+                        cursor.advance(&table, kernel, n, Rows::Slab(&mut slab), |t0, r| {
+                            let at = 2 * (t0 - t) * count;
+                            rows[at..at + r.len()].copy_from_slice(r);
+                        })?;
+                    }
+                    for (i, v) in rows.chunks_exact(2).enumerate() {
+                        windowed[t * count + i] = u16::from_le_bytes([v[0], v[1]]);
+                    }
+                    t += n;
+                }
+                cursor.finish()
+            });
+            prop_assert_eq!(got3.is_ok(), valid, "{} windows of {}", kernel.name(), step);
             if valid {
                 let rows: Vec<u16> = whole
                     .chunks_exact(2)
@@ -324,6 +482,7 @@ mod tests {
                     .collect();
                 prop_assert_eq!(&rows, &want, "{}", kernel.name());
                 prop_assert_eq!(&slabs, &want, "{} slabs", kernel.name());
+                prop_assert_eq!(&windowed, &want, "{} windows", kernel.name());
             }
         }
         Ok(())

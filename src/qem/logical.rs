@@ -71,6 +71,22 @@ impl QemFile {
         let mut hasher = Sha256::new();
         let blocks = self.blocks();
         for batch in super::file::block_batches(blocks) {
+            if let [info] = &blocks[batch.clone()] {
+                if info.decoded_bytes > super::block::WINDOW_BYTES {
+                    // A block larger than a window, alone in its batch:
+                    // hashed window by window.
+                    let mut cursor = self.block_cursor(info.index)?;
+                    let w = self.window_frames(info.index);
+                    let mut window = Vec::new();
+                    while cursor.next_frame() < info.frames {
+                        let n = w.min(info.frames - cursor.next_frame());
+                        window.resize(n * self.frame_bytes(), 0);
+                        cursor.read(self, n, &mut window)?;
+                        hasher.update(&window);
+                    }
+                    continue;
+                }
+            }
             let dense: Vec<Result<Vec<u8>>> = batch
                 .into_par_iter()
                 .map(|b| self.decode_block(b))
@@ -95,6 +111,7 @@ impl QemFile {
         LogicalDigest {
             hasher: Sha256::new(),
             next: 0,
+            next_frame: 0,
             done: None,
         }
     }
@@ -105,6 +122,8 @@ impl QemFile {
 pub struct LogicalDigest {
     hasher: Sha256,
     next: usize,
+    /// The next frame of block `next` (a window reader feeds pieces).
+    next_frame: usize,
     /// The digest, once the last block was fed.
     done: Option<String>,
 }
@@ -115,15 +134,44 @@ impl LogicalDigest {
         self.next
     }
 
+    /// The frame of [`next_block`](Self::next_block) it needs next.
+    pub fn next_frame(&self) -> usize {
+        self.next_frame
+    }
+
     /// Feeds the decoded bytes of block `index` of `file`. A block already
     /// fed is ignored, and so is one past a gap (the digest then needs
     /// [`finish`](Self::finish) to decode the rest). Feeding the last block
     /// records the verdict and fails on a float mismatch.
     pub fn feed(&mut self, file: &QemFile, index: usize, dense: &[u8]) -> Result<()> {
-        if index != self.next {
+        let frames = file.blocks().get(index).map_or(0, |b| b.frames);
+        self.feed_window(file, index, 0..frames, dense)
+    }
+
+    /// As [`feed`](Self::feed), for the decoded bytes of frames `frames`
+    /// (block-relative) of block `index`: a window of a block decoded in
+    /// windows. A window that does not start where the digest stands is
+    /// ignored.
+    pub fn feed_window(
+        &mut self,
+        file: &QemFile,
+        index: usize,
+        frames: std::ops::Range<usize>,
+        dense: &[u8],
+    ) -> Result<()> {
+        if index != self.next || frames.start != self.next_frame || frames.is_empty() {
             return Ok(());
         }
         self.hasher.update(dense);
+        self.next_frame = frames.end;
+        if file
+            .blocks()
+            .get(index)
+            .is_some_and(|b| frames.end < b.frames)
+        {
+            return Ok(());
+        }
+        self.next_frame = 0;
         self.next += 1;
         if self.next == file.blocks().len() {
             let actual = hex(&std::mem::take(&mut self.hasher).finalize());

@@ -36,6 +36,7 @@ pub mod validate;
 pub mod write;
 mod xml;
 
+pub use block::{BlockCursor, WINDOW_BYTES};
 pub use error::{ErrorKind, QemError, StreamFault, StreamSite};
 pub use file::{PixelStreams, PixelValues, QemFile, RawBlockStreams};
 pub use header::{Codec, Dtype, Header, ValidMask};

@@ -56,7 +56,9 @@ pub(crate) fn pixel_fields(r: usize, c: usize) -> Vec<(u32, u32)> {
 }
 
 /// Sums of valid counts per field from pixel-major counts (`m` per pixel):
-/// `out[t * m + k]` is field `t` of block frame `k`.
+/// `out[t * m + k]` is field `t` of block frame `k`. The tests' reference
+/// for the slab-wise sums.
+#[cfg(test)]
 pub(crate) fn sums_from_columns(
     columns: &[u16],
     m: usize,
@@ -203,8 +205,16 @@ fn add_band(band: &mut [u32], rows: &[u16], mask: &[u16]) {
 
 /// Unpacks `m` values of `width` bits, least-significant bit first, from
 /// little-endian u32 words (`words` holds exactly the stream's words).
+#[cfg(test)]
 pub(crate) fn unpack(words: &[u8], width: u32, m: usize, out: &mut [u32]) {
-    debug_assert!(width <= 32 && out.len() == m);
+    debug_assert!(out.len() == m);
+    unpack_from(words, width, 0, out)
+}
+
+/// Values `k0..k0 + out.len()` of a stream packed as [`unpack`] reads it
+/// (a window of a block's frames).
+pub(crate) fn unpack_from(words: &[u8], width: u32, k0: usize, out: &mut [u32]) {
+    debug_assert!(width <= 32);
     if width == 0 {
         out.fill(0);
         return;
@@ -219,7 +229,7 @@ pub(crate) fn unpack(words: &[u8], width: u32, m: usize, out: &mut [u32]) {
     } else {
         (1u64 << width) - 1
     };
-    for (k, o) in out.iter_mut().enumerate() {
+    for (k, o) in (k0..).zip(out.iter_mut()) {
         let bit = k * width as usize;
         let (w, shift) = (bit / 32, bit % 32);
         let pair = word(w) | (word(w + 1) << 32);

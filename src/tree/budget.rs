@@ -164,6 +164,7 @@ mod tests {
         let block = BlockKey {
             view: 1,
             block: 0,
+            window: 0,
             codes: false,
         };
         budget

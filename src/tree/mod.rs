@@ -65,12 +65,15 @@ pub enum TreeError {
     SourceChanged,
 }
 
-/// Cache key of a decoded block: which opening of which file, which block,
-/// and whether it holds scaled codes rather than decoded values.
+/// Cache key of a decoded window of a block: which opening of which file,
+/// which block, the window's first frame within it (0 for an ordinary
+/// block, which is one window), and whether it holds scaled codes rather
+/// than decoded values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct BlockKey {
     pub view: u64,
     pub block: usize,
+    pub window: usize,
     pub codes: bool,
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use crate::export::tiff::{Sample, Sampling, TiffLayout};
 use crate::mapguard;
 use crate::npy::{self, DType};
-use crate::qem::{Codec, Dtype, LogicalDigest, QemFile};
+use crate::qem::{BlockCursor, BlockInfo, Codec, Dtype, LogicalDigest, QemFile, WINDOW_BYTES};
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
@@ -29,8 +29,13 @@ pub struct QemView {
     name: String,
     file: QemFile,
     cache: Arc<Budget>,
-    /// The last block a dense read touched, to spot sequential reading.
+    /// Where the last window a dense read touched ends (a frame of the
+    /// whole array), to spot sequential reading.
     last_block: AtomicUsize,
+    /// Where blocks decoded in windows stand (codes or values), so that a
+    /// sequential reader's next window goes on from the last one; at most
+    /// [`CURSORS`], each about 18 bytes per detector pixel.
+    cursors: Mutex<Vec<(bool, BlockCursor)>>,
     /// Float files: the whole-array checksum, fed by sequential readers of
     /// the decoded array (see `check_logical`).
     logical: Option<Mutex<LogicalDigest>>,
@@ -62,29 +67,54 @@ impl QemView {
         }
     }
 
-    /// Decoded bytes of one block (codes of the scaled codec when `codes`).
-    /// Must not be called from a rayon worker (see `prefetch`).
-    fn block(self: &Arc<Self>, index: usize, codes: bool) -> Result<Arc<Vec<u8>>, TreeError> {
+    /// Frames per cached window of block `info`: the whole block when it
+    /// fits both [`WINDOW_BYTES`] and a quarter of the cache budget (an
+    /// ordinary block is one window; so is any block of at most
+    /// [`MIN_WINDOW_BYTES`], whatever the budget), else as many frames as
+    /// fit.
+    fn window_frames(&self, info: &BlockInfo) -> usize {
+        let quarter = self.cache.stats().budget / 4;
+        let bytes = WINDOW_BYTES.min(quarter).max(MIN_WINDOW_BYTES);
+        self.file.window_frames_of(info, bytes)
+    }
+
+    /// Decoded bytes of the window of block `index` that starts at its
+    /// frame `window` (codes of the scaled codec when `codes`). Must not be
+    /// called from a rayon worker (see `prefetch`).
+    fn window(
+        self: &Arc<Self>,
+        index: usize,
+        window: usize,
+        codes: bool,
+    ) -> Result<Arc<Vec<u8>>, TreeError> {
         let key = BlockKey {
             view: self.id,
             block: index,
+            window,
             codes,
         };
         self.cache.get_or_load(key, || {
             let faults = self.file.faults();
-            let info = self
+            let info = *self
                 .file
                 .blocks()
                 .get(index)
                 .ok_or_else(|| self.decode_error(format!("no block {index}")))?;
-            let decoded = if codes {
-                let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
-                self.file
-                    .decode_block_codes_le(index, &mut out)
-                    .map(|()| out)
+            let n = self
+                .window_frames(&info)
+                .min(info.frames.saturating_sub(window));
+            let decoded = if n == info.frames {
+                if codes {
+                    let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
+                    self.file
+                        .decode_block_codes_le(index, &mut out)
+                        .map(|()| out)
+                } else {
+                    let mut out = RECYCLED.take(info.decoded_bytes);
+                    self.file.decode_block_into(index, &mut out).map(|()| out)
+                }
             } else {
-                let mut out = RECYCLED.take(info.decoded_bytes);
-                self.file.decode_block_into(index, &mut out).map(|()| out)
+                self.decode_window(&info, window, n, codes)
             };
             let bytes = decoded.map_err(|e| self.decode_error(e))?;
             if self.file.faults() != faults {
@@ -94,43 +124,101 @@ impl QemView {
         })
     }
 
-    /// Asks the bounded prefetcher to decode block `index` in the
-    /// background unless it is cached or already being decoded (asked for
-    /// by a read of block `index - 1`). Its memory is reserved in the
-    /// budget until the block is in the cache.
-    fn prefetch(self: &Arc<Self>, index: usize, codes: bool) {
-        let Some(info) = self.file.blocks().get(index) else {
+    /// Frames `window..window + n` of a block decoded in windows, by the
+    /// cursor that stands nearest before them (a sequential reader's
+    /// cursor simply goes on), else by a new one.
+    fn decode_window(
+        &self,
+        info: &BlockInfo,
+        window: usize,
+        n: usize,
+        codes: bool,
+    ) -> Result<Vec<u8>, crate::qem::QemError> {
+        let taken = {
+            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            let best = (0..cursors.len())
+                .filter(|&i| {
+                    let (c, cursor) = &cursors[i];
+                    *c == codes && cursor.block() == info.index && cursor.next_frame() <= window
+                })
+                .max_by_key(|&i| cursors[i].1.next_frame());
+            best.map(|i| cursors.swap_remove(i).1)
+        };
+        let mut cursor = match taken {
+            Some(c) => c,
+            None => self.file.block_cursor(info.index)?,
+        };
+        cursor.skip(&self.file, window - cursor.next_frame())?;
+        let mut out;
+        if codes {
+            out = RECYCLED.take(2 * n * self.file.pixels());
+            cursor.read_codes_le(&self.file, n, &mut out)?;
+        } else {
+            out = RECYCLED.take(n * self.file.frame_bytes());
+            cursor.read(&self.file, n, &mut out)?;
+        }
+        if cursor.next_frame() < info.frames {
+            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
+            if cursors.len() >= CURSORS {
+                cursors.remove(0);
+            }
+            cursors.push((codes, cursor));
+        }
+        Ok(out)
+    }
+
+    /// The window holding block frame `frame` of `info`: its first frame
+    /// and its frame count.
+    fn window_of(&self, info: &BlockInfo, frame: usize) -> (usize, usize) {
+        let w = self.window_frames(info).max(1);
+        let start = frame / w * w;
+        (start, w.min(info.frames - start))
+    }
+
+    /// Asks the bounded prefetcher to decode the window after `asked_by`
+    /// (the next block's first one after a block's last) in the
+    /// background unless it is cached or already being decoded. Its memory
+    /// is reserved in the budget until the window is in the cache.
+    fn prefetch(self: &Arc<Self>, asked_by: BlockKey) {
+        let Some(info) = self.file.blocks().get(asked_by.block).copied() else {
+            return;
+        };
+        let (start, n) = self.window_of(&info, asked_by.window);
+        let (index, window) = if start + n < info.frames {
+            (info.index, start + n)
+        } else {
+            (info.index + 1, 0)
+        };
+        let codes = asked_by.codes;
+        let Some(target) = self.file.blocks().get(index).copied() else {
             return;
         };
         let key = BlockKey {
             view: self.id,
             block: index,
+            window,
             codes,
         };
         if self.cache.is_present_or_loading(key) {
             return;
         }
+        let (_, frames) = self.window_of(&target, window);
         let bytes = if codes {
-            2 * info.frames * self.file.pixels()
+            2 * frames * self.file.pixels()
         } else {
-            info.decoded_bytes
+            frames * self.file.frame_bytes()
         };
         let view = Arc::clone(self);
         prefetch::submit(&self.cache, bytes, move || {
-            // The block whose read asked for this one is gone when the
+            // The window whose read asked for this one is gone when the
             // container was closed (its blocks dropped) before this ran:
             // a late prefetch must not load a closed view's block back
             // into the cache.
-            let asked_by = index.checked_sub(1).map(|block| BlockKey {
-                view: view.id,
-                block,
-                codes,
-            });
-            if asked_by.is_some_and(|k| !view.cache.is_present_or_loading(k)) {
+            if !view.cache.is_present_or_loading(asked_by) {
                 return;
             }
-            // A failure surfaces when a reader asks for the block itself.
-            let _ = view.block(index, codes);
+            // A failure surfaces when a reader asks for the window itself.
+            let _ = view.window(index, window, codes);
         });
     }
 
@@ -164,16 +252,25 @@ impl QemView {
                 .file
                 .block_of_frame(frame)
                 .map_err(|e| self.decode_error(e))?;
-            let block = self.block(info.index, codes)?;
-            let previous = self.last_block.swap(info.index, Ordering::Relaxed);
-            if previous == info.index || previous + 1 == info.index {
-                self.prefetch(info.index + 1, codes);
+            let (window, n) = self.window_of(&info, frame - info.first_frame);
+            let block = self.window(info.index, window, codes)?;
+            // Sequential reading: this window again, or the one after the
+            // last one read (counted in frames of the whole array).
+            let (start, end) = (info.first_frame + window, info.first_frame + window + n);
+            let previous = self.last_block.swap(end, Ordering::Relaxed);
+            if previous == end || previous == start {
+                self.prefetch(BlockKey {
+                    view: self.id,
+                    block: info.index,
+                    window,
+                    codes,
+                });
             }
-            let block_start = info.first_frame as u64 * frame_bytes;
-            done += copy_range(&block, at - block_start, &mut buf[done..]);
+            let window_start = start as u64 * frame_bytes;
+            done += copy_range(&block, at - window_start, &mut buf[done..]);
             if let Some(Ok(mut digest)) = logical.map(Mutex::try_lock) {
                 digest
-                    .feed(&self.file, info.index, &block)
+                    .feed_window(&self.file, info.index, window..window + n, &block)
                     .map_err(|e| self.decode_error(e))?;
             }
         }
@@ -204,9 +301,11 @@ impl QemView {
                     .map_err(|e| self.decode_error(e))?;
                 break;
             }
-            let block = self.block(next, false)?;
+            let info = self.file.blocks()[next];
+            let (window, n) = self.window_of(&info, digest.next_frame());
+            let block = self.window(next, window, false)?;
             digest
-                .feed(&self.file, next, &block)
+                .feed_window(&self.file, next, window..window + n, &block)
                 .map_err(|e| self.decode_error(e))?;
         }
         match self.file.logical_verdict() {
@@ -229,6 +328,14 @@ impl QemView {
 struct Recycler {
     handed: Mutex<std::collections::VecDeque<Arc<Vec<u8>>>>,
 }
+
+/// Cursors kept per opened file (readers at different places of huge blocks).
+const CURSORS: usize = 2;
+
+/// Windows are never smaller than this: tiny budgets (tests of eviction)
+/// keep ordinary blocks whole rather than decoding them a few frames at a
+/// time.
+const MIN_WINDOW_BYTES: usize = 4 << 20;
 
 /// Buffers tracked (older ones are left to the cache alone).
 const TRACKED: usize = 256;
@@ -499,6 +606,7 @@ pub fn directory(
         file,
         cache,
         last_block: AtomicUsize::new(usize::MAX - 1),
+        cursors: Mutex::new(Vec::new()),
         logical,
     });
     let file = &view.file;
@@ -571,13 +679,15 @@ pub fn directory(
             // Float files: refused when it disagrees with logical_sha256.
             let mut digest = v.file.logical_digest();
             for block in v.file.blocks() {
-                digest
-                    .feed(
-                        &v.file,
-                        block.index,
-                        v.block(block.index, false)?.as_slice(),
-                    )
-                    .map_err(|e| v.decode_error(e))?;
+                let mut window = 0;
+                while window < block.frames {
+                    let (_, n) = v.window_of(block, window);
+                    let bytes = v.window(block.index, window, false)?;
+                    digest
+                        .feed_window(&v.file, block.index, window..window + n, &bytes)
+                        .map_err(|e| v.decode_error(e))?;
+                    window += n;
+                }
             }
             let actual = digest.finish(&v.file).map_err(|e| v.decode_error(e))?;
             Ok(format!("{actual}\n").into_bytes())

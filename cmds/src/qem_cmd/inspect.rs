@@ -151,18 +151,13 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
     crate::out::print_verdicts(&args.files, verdicts)
 }
 
-/// SHA-256 of the decoded array's C-order little-endian bytes, block by
-/// block (memory stays at one decoded block). A float file whose digest
-/// disagrees with its `logical_sha256` fails.
+/// SHA-256 of the decoded array's C-order little-endian bytes: blocks
+/// decoded in batches of bounded size, a block larger than a window in
+/// windows ([`qemfs::qem::WINDOW_BYTES`]), so memory never follows the
+/// detector size. A float file whose digest disagrees with its
+/// `logical_sha256` fails.
 pub fn logical_sha256(file: &QemFile) -> Result<String, qemfs::qem::QemError> {
-    let mut digest = file.logical_digest();
-    let mut buffer = Vec::new();
-    for block in file.blocks() {
-        buffer.resize(block.decoded_bytes, 0);
-        file.decode_block_into(block.index, &mut buffer)?;
-        digest.feed(file, block.index, &buffer)?;
-    }
-    digest.finish(file)
+    file.verify_logical()
 }
 
 pub fn hash(args: &HashArgs) -> Result<u8, Failure> {
