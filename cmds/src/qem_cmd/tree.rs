@@ -4,11 +4,11 @@ use std::io::Write;
 
 use qemfs::tree::{Node, Origin, Tree, TreeOptions};
 
-use crate::detector_args::DetectorArgs;
 use crate::exit::{Failure, OK};
-use crate::gpu_args::GpuArgs;
 use crate::out::Stdout;
 use crate::qem_args::{CatArgs, LsArgs};
+use qemfs_args::detector::DetectorArgs;
+use qemfs_args::gpu::GpuArgs;
 
 /// Resolves `path` inside the container of `file`.
 fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Failure> {
