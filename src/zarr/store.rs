@@ -445,9 +445,7 @@ fn consolidate(
         "must_understand": false,
         "metadata": metadata,
     });
-    let mut out = serde_json::to_vec_pretty(&group).map_err(|e| e.to_string())?;
-    out.push(b'\n');
-    std::fs::write(&path, out).map_err(|e| e.to_string())
+    std::fs::write(&path, crate::export::json::pretty(&group)).map_err(|e| e.to_string())
 }
 
 /// A 4-D Zarr array opened for conversion: a store's `data` array (the
