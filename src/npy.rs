@@ -7,7 +7,7 @@
 use std::fmt;
 
 /// `\x93NUMPY`: the first six bytes of every `.npy` file.
-pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
+pub(crate) const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// numpy pads the header so that the data starts on this boundary, which keeps
 /// `np.load(..., mmap_mode="r")` aligned for every element size.
@@ -19,6 +19,7 @@ const MAX_HEADER: usize = 1 << 20;
 
 /// Element types of arrays we read and write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
     /// numpy's `bool`: one byte, 0 or 1 (validity masks).
     Bool,
@@ -127,6 +128,7 @@ impl fmt::Display for DType {
 
 /// What went wrong with a `.npy` header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NpyError {
     #[error("not a .npy file (the magic string \\x93NUMPY is missing)")]
     NotNpy,
@@ -197,7 +199,7 @@ impl Header {
 
 /// A header of any byte order and memory order, as conversion inputs may be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnyHeader {
+pub(crate) struct AnyHeader {
     pub dtype: DType,
     /// Multi-byte elements are big-endian.
     pub big_endian: bool,
@@ -222,7 +224,7 @@ impl AnyHeader {
 /// Parses the header at the start of `bytes` (which may be just a prefix of
 /// the file; [`NpyError::Truncated`] asks for more). Fortran-ordered and
 /// big-endian arrays are refused: every consumer here but conversion needs
-/// little-endian C order (conversion uses [`parse_header_any`]).
+/// little-endian C order (conversion uses `parse_header_any`).
 pub fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
     let any = parse_header_any(bytes)?;
     if any.big_endian {
@@ -235,7 +237,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
 }
 
 /// Parses a header of either byte order and either memory order.
-pub fn parse_header_any(bytes: &[u8]) -> Result<AnyHeader, NpyError> {
+pub(crate) fn parse_header_any(bytes: &[u8]) -> Result<AnyHeader, NpyError> {
     if bytes.len() < MAGIC.len() {
         return Err(if MAGIC.starts_with(bytes) {
             NpyError::Truncated

@@ -486,15 +486,14 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
         }
     });
     let source = checked.source;
-    let options = TreeOptions {
-        cache_bytes: args.cache_size.saturating_mul(1 << 20),
-        detectors: args.detectors.options(),
-        accelerator: args.gpu.accelerator(|line| log(line)),
-        mountpoint: Some(checked.mountpoint.clone()),
-        follow_symlinks: args.follow_symlinks,
-        log: Arc::clone(&log),
-        open_containers: args.open_containers,
-    };
+    let mut options = TreeOptions::default();
+    options.cache_bytes = args.cache_size.saturating_mul(1 << 20);
+    options.detectors = args.detectors.options();
+    options.accelerator = args.gpu.accelerator(|line| log(line));
+    options.mountpoint = Some(checked.mountpoint.clone());
+    options.follow_symlinks = args.follow_symlinks;
+    options.log = Arc::clone(&log);
+    options.open_containers = args.open_containers;
     let tree = Arc::new(Tree::new(&source, &options));
     let fs =
         filesystem::QemFs::new(tree, args.workers, Arc::clone(&log)).map_err(|e| e.to_string())?;

@@ -2,7 +2,7 @@
 //! `detectors.json`, the Zarr metadata, `qem show --json`): serde_json's
 //! pretty form (two-space indent) and a final newline, as `python -m
 //! json.tool` and `jq` end their output. Text that must match the
-//! upstream Python tools byte for byte is [`crate::python_json`]'s instead.
+//! upstream Python tools byte for byte is `crate::python_json`'s instead.
 
 /// `value` as an indented JSON document ending in a newline.
 pub fn pretty(value: &serde_json::Value) -> String {

@@ -3,6 +3,6 @@
 //! [`crate::npy`]).
 
 pub mod json;
-pub mod masked;
+pub(crate) mod masked;
 pub mod png;
-pub mod tiff;
+pub(crate) mod tiff;
