@@ -3,6 +3,27 @@
 //!
 //! Only little-endian (or byte-sized) numeric dtypes are supported: they are
 //! what both formats store, and they let array bytes be used as they are.
+//!
+//! # Why not npyz or ndarray-npy
+//!
+//! Both were tried (npyz 0.8.4, ndarray-npy 0.9.1; issue 19) on the inputs
+//! of `npy_refusals_that_npyz_and_ndarray_npy_do_not_make` below:
+//! - A version 2.0 header whose length field says 4 GiB, in a 20-byte
+//!   file: both allocate the 4 GiB (`vec![0; header_len]`) before reading,
+//!   an allocation sized by an unchecked field. We refuse lengths over
+//!   1 MiB before allocating anything.
+//! - npyz accepts a dictionary with keys besides `descr`, `fortran_order`
+//!   and `shape` (numpy refuses it), non-ASCII text in a 1.0/2.0 header,
+//!   and a shape whose element count overflows: `(2**32, 2**32, 2)` gives
+//!   `len() == 0` in a release build. We refuse all three.
+//! - ndarray-npy refuses those, but has no public header API: only typed
+//!   reads of the whole array (`ReadNpyExt`, into memory) or typed views of
+//!   the whole file (`ViewNpyExt`), so the element type must be known at
+//!   compile time. `convert` and `semq encode` choose the element type from
+//!   the header at run time and stream files larger than memory.
+//!
+//! So the parser below stays (`parse_header_any`, `parse_dict` and its
+//! lexer), fuzzed by `fuzz/fuzz_targets/npy_parse.rs`.
 
 use std::fmt;
 
@@ -571,6 +592,64 @@ mod tests {
             parse_header(&huge),
             Err(NpyError::ShapeOverflow(_))
         ));
+    }
+
+    /// A version 1.0 file holding `dict` and `data` bytes.
+    fn v1(dict: &str, data: usize) -> Vec<u8> {
+        let mut text = dict.as_bytes().to_vec();
+        while !(10 + text.len() + 1).is_multiple_of(ALIGN) {
+            text.push(b' ');
+        }
+        text.push(b'\n');
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&[1, 0]);
+        out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+        out.extend_from_slice(&text);
+        out.resize(out.len() + data, 0);
+        out
+    }
+
+    /// The cases the module documentation names (npyz 0.8.4 accepts the
+    /// first three; both crates allocate 4 GiB for the last).
+    #[test]
+    fn npy_refusals_that_npyz_and_ndarray_npy_do_not_make() {
+        let plain = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }",
+            4,
+        );
+        assert_eq!(parse_header(&plain).unwrap().shape, [2]);
+        let extra = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'extra': 1, }",
+            4,
+        );
+        assert_eq!(
+            parse_header(&extra),
+            Err(NpyError::Malformed("unexpected key \"extra\"".into()))
+        );
+        let non_ascii = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'caf\u{e9}': 1, }",
+            4,
+        );
+        assert_eq!(
+            parse_header(&non_ascii),
+            Err(NpyError::Malformed("header is not ASCII".into()))
+        );
+        let overflow = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }",
+            0,
+        );
+        assert!(matches!(
+            parse_header(&overflow),
+            Err(NpyError::ShapeOverflow(_))
+        ));
+        let mut huge = MAGIC.to_vec();
+        huge.extend_from_slice(&[2, 0]);
+        huge.extend_from_slice(&0xFFFF_FF00u32.to_le_bytes());
+        huge.extend_from_slice(b"{'descr': '<u2'");
+        assert_eq!(
+            parse_header(&huge),
+            Err(NpyError::HeaderTooLarge(0xFFFF_FF00))
+        );
     }
 
     #[test]
