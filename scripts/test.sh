@@ -21,9 +21,10 @@ cargo clippy --release --workspace --all-targets -- -D warnings
 # The `qemfs` binary (fs/) and the core library share a crate name, and so a
 # rustdoc output folder: one `cargo doc` of both warns of the collision.
 # Document the binary first and the rest after, so the library's pages are
-# the ones left in target/doc.
+# the ones left in target/doc. The man page renderer of qemfs-args is a
+# feature only the tests turn on: documented here too.
 RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps -p qemfs-fuse
-RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace --exclude qemfs-fuse
+RUSTDOCFLAGS=-Dwarnings cargo doc --release --no-deps --workspace --exclude qemfs-fuse --features qemfs-args/man
 cargo test --workspace --release
 # Randomised thread schedules (shuttle) for the single-flight computation and
 # the filesystem's tables: their locks are shuttle's only in this build.

@@ -3,6 +3,36 @@
 //!
 //! The binaries (`qem`, `semq`, `qemfs`) are thin layers over this crate;
 //! nothing here knows about FUSE, GPUs or command lines.
+//!
+//! # The public API
+//!
+//! What the binaries, the GPU backends, the tests, benchmarks and fuzz
+//! targets use, and nothing more; the rest is `pub(crate)`:
+//! - [`qem`]: [`qem::QemFile`] (open, validate, decode), its header and
+//!   metadata types, [`qem::write`] (the writer), and the codec modules
+//!   the benchmarks and fuzz targets drive directly (`rans`, `stream`,
+//!   `tables`, `lanes`, `checksum`);
+//! - [`semq`]: [`semq::Encoding`] (read), encode/concat/diff/floor and the
+//!   upstream-identical report text in [`semq::report`];
+//! - [`convert`]: `qem convert`'s pipeline ([`convert::convert`],
+//!   [`convert::Options`]); [`zarr`] and [`export`] the formats it writes;
+//! - [`tree`]: the virtual tree that `qemfs mount` and `qem ls`/`cat` serve
+//!   ([`tree::Tree`], [`tree::TreeOptions`], [`tree::filesystem`]);
+//! - [`reduce`]: virtual detectors and the [`reduce::Accelerator`] trait
+//!   the GPU backends implement;
+//! - [`npy`], [`publish`], [`mapguard`], [`regular_file`], [`cache`]: the
+//!   `.npy` header, atomic outputs, the SIGBUS guard for mapped inputs,
+//!   checked input reads and the decoded-block cache.
+//!
+//! Error enums and the option structs (`TreeOptions`, `convert::Options`,
+//! `MetadataOptions`, `DetectorOptions`) are `#[non_exhaustive]`: build
+//! options from `Default` and set fields. The format enums a new container
+//! version would extend ([`qem::Codec`], [`qem::Dtype`]) are deliberately
+//! exhaustive, so that every decoder must handle a new one.
+
+// A `pub` type reachable only through a private module would be an API
+// its users cannot name: re-export it or make it `pub(crate)`.
+#![warn(unnameable_types)]
 
 pub mod cache;
 pub mod convert;
@@ -10,7 +40,7 @@ pub mod export;
 pub mod mapguard;
 pub mod npy;
 pub mod publish;
-pub mod python_json;
+pub(crate) mod python_json;
 pub mod qem;
 pub mod reduce;
 pub mod regular_file;

@@ -43,7 +43,8 @@ static INSTALL: Once = Once::new();
 static STRICT: AtomicBool = AtomicBool::new(false);
 
 /// What callers report when [`faults`] moved during their work.
-pub const CHANGED: &str = "the source file changed (truncated?) while it was read; reopen it";
+pub(crate) const CHANGED: &str =
+    "the source file changed (truncated?) while it was read; reopen it";
 
 /// The number of SIGBUS faults absorbed so far (in any mapping).
 pub fn faults() -> u64 {

@@ -3,11 +3,32 @@
 //!
 //! Only little-endian (or byte-sized) numeric dtypes are supported: they are
 //! what both formats store, and they let array bytes be used as they are.
+//!
+//! # Why not npyz or ndarray-npy
+//!
+//! Both were tried (npyz 0.8.4, ndarray-npy 0.9.1; issue 19) on the inputs
+//! of `npy_refusals_that_npyz_and_ndarray_npy_do_not_make` below:
+//! - A version 2.0 header whose length field says 4 GiB, in a 20-byte
+//!   file: both allocate the 4 GiB (`vec![0; header_len]`) before reading,
+//!   an allocation sized by an unchecked field. We refuse lengths over
+//!   1 MiB before allocating anything.
+//! - npyz accepts a dictionary with keys besides `descr`, `fortran_order`
+//!   and `shape` (numpy refuses it), non-ASCII text in a 1.0/2.0 header,
+//!   and a shape whose element count overflows: `(2**32, 2**32, 2)` gives
+//!   `len() == 0` in a release build. We refuse all three.
+//! - ndarray-npy refuses those, but has no public header API: only typed
+//!   reads of the whole array (`ReadNpyExt`, into memory) or typed views of
+//!   the whole file (`ViewNpyExt`), so the element type must be known at
+//!   compile time. `convert` and `semq encode` choose the element type from
+//!   the header at run time and stream files larger than memory.
+//!
+//! So the parser below stays (`parse_header_any`, `parse_dict` and its
+//! lexer), fuzzed by `fuzz/fuzz_targets/npy_parse.rs`.
 
 use std::fmt;
 
 /// `\x93NUMPY`: the first six bytes of every `.npy` file.
-pub const MAGIC: &[u8; 6] = b"\x93NUMPY";
+pub(crate) const MAGIC: &[u8; 6] = b"\x93NUMPY";
 
 /// numpy pads the header so that the data starts on this boundary, which keeps
 /// `np.load(..., mmap_mode="r")` aligned for every element size.
@@ -19,6 +40,7 @@ const MAX_HEADER: usize = 1 << 20;
 
 /// Element types of arrays we read and write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DType {
     /// numpy's `bool`: one byte, 0 or 1 (validity masks).
     Bool,
@@ -127,6 +149,7 @@ impl fmt::Display for DType {
 
 /// What went wrong with a `.npy` header.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum NpyError {
     #[error("not a .npy file (the magic string \\x93NUMPY is missing)")]
     NotNpy,
@@ -197,7 +220,7 @@ impl Header {
 
 /// A header of any byte order and memory order, as conversion inputs may be.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct AnyHeader {
+pub(crate) struct AnyHeader {
     pub dtype: DType,
     /// Multi-byte elements are big-endian.
     pub big_endian: bool,
@@ -222,7 +245,7 @@ impl AnyHeader {
 /// Parses the header at the start of `bytes` (which may be just a prefix of
 /// the file; [`NpyError::Truncated`] asks for more). Fortran-ordered and
 /// big-endian arrays are refused: every consumer here but conversion needs
-/// little-endian C order (conversion uses [`parse_header_any`]).
+/// little-endian C order (conversion uses `parse_header_any`).
 pub fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
     let any = parse_header_any(bytes)?;
     if any.big_endian {
@@ -235,7 +258,7 @@ pub fn parse_header(bytes: &[u8]) -> Result<Header, NpyError> {
 }
 
 /// Parses a header of either byte order and either memory order.
-pub fn parse_header_any(bytes: &[u8]) -> Result<AnyHeader, NpyError> {
+pub(crate) fn parse_header_any(bytes: &[u8]) -> Result<AnyHeader, NpyError> {
     if bytes.len() < MAGIC.len() {
         return Err(if MAGIC.starts_with(bytes) {
             NpyError::Truncated
@@ -569,6 +592,64 @@ mod tests {
             parse_header(&huge),
             Err(NpyError::ShapeOverflow(_))
         ));
+    }
+
+    /// A version 1.0 file holding `dict` and `data` bytes.
+    fn v1(dict: &str, data: usize) -> Vec<u8> {
+        let mut text = dict.as_bytes().to_vec();
+        while !(10 + text.len() + 1).is_multiple_of(ALIGN) {
+            text.push(b' ');
+        }
+        text.push(b'\n');
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&[1, 0]);
+        out.extend_from_slice(&(text.len() as u16).to_le_bytes());
+        out.extend_from_slice(&text);
+        out.resize(out.len() + data, 0);
+        out
+    }
+
+    /// The cases the module documentation names (npyz 0.8.4 accepts the
+    /// first three; both crates allocate 4 GiB for the last).
+    #[test]
+    fn npy_refusals_that_npyz_and_ndarray_npy_do_not_make() {
+        let plain = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), }",
+            4,
+        );
+        assert_eq!(parse_header(&plain).unwrap().shape, [2]);
+        let extra = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'extra': 1, }",
+            4,
+        );
+        assert_eq!(
+            parse_header(&extra),
+            Err(NpyError::Malformed("unexpected key \"extra\"".into()))
+        );
+        let non_ascii = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (2,), 'caf\u{e9}': 1, }",
+            4,
+        );
+        assert_eq!(
+            parse_header(&non_ascii),
+            Err(NpyError::Malformed("header is not ASCII".into()))
+        );
+        let overflow = v1(
+            "{'descr': '<u2', 'fortran_order': False, 'shape': (4294967296, 4294967296, 2), }",
+            0,
+        );
+        assert!(matches!(
+            parse_header(&overflow),
+            Err(NpyError::ShapeOverflow(_))
+        ));
+        let mut huge = MAGIC.to_vec();
+        huge.extend_from_slice(&[2, 0]);
+        huge.extend_from_slice(&0xFFFF_FF00u32.to_le_bytes());
+        huge.extend_from_slice(b"{'descr': '<u2'");
+        assert_eq!(
+            parse_header(&huge),
+            Err(NpyError::HeaderTooLarge(0xFFFF_FF00))
+        );
     }
 
     #[test]

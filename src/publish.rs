@@ -19,6 +19,7 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// Why an output could not be published.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum PublishError {
     #[error("{0}: already exists; refusing to replace it (choose another name or remove it)")]
     Exists(PathBuf),
@@ -177,7 +178,7 @@ pub fn write_file(
 /// puts it under the final name in one rename that never replaces an
 /// existing entry (or, when asked to overwrite, swaps it for the old one,
 /// which is then removed). Dropped unpublished, it removes itself.
-pub struct AtomicDir {
+pub(crate) struct AtomicDir {
     target: PathBuf,
     temp: PathBuf,
     overwrite: Overwrite,

@@ -675,11 +675,9 @@ fn run(ops: Vec<Op>) {
     m.write("sub/e.qem", fixture(FIXTURES[1]));
     // Two opened containers at most, so that closing idle ones is
     // exercised under open handles and listings.
-    let options = TreeOptions {
-        cache_bytes: 1 << 20,
-        open_containers: 2,
-        ..TreeOptions::default()
-    };
+    let mut options = TreeOptions::default();
+    options.cache_bytes = 1 << 20;
+    options.open_containers = 2;
     let core = Filesystem::new(Arc::new(Tree::new(&m.src, &options)), Vec::new());
 
     for (step, op) in ops.into_iter().enumerate() {

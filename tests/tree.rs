@@ -315,13 +315,9 @@ fn concurrent_sequential_reads_with_prefetch_finish() {
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let root = dir.path().to_path_buf();
     std::thread::spawn(move || {
-        let tree = std::sync::Arc::new(Tree::new(
-            &root,
-            &TreeOptions {
-                cache_bytes: 1 << 16,
-                ..TreeOptions::default()
-            },
-        ));
+        let mut options = TreeOptions::default();
+        options.cache_bytes = 1 << 16;
+        let tree = std::sync::Arc::new(Tree::new(&root, &options));
         let threads: Vec<_> = (0..4)
             .map(|_| {
                 let tree = tree.clone();
@@ -494,15 +490,10 @@ fn virtual_detectors_follow_the_geometry_they_report() {
 
 #[test]
 fn given_geometry_is_used_and_reported() {
-    let options = TreeOptions {
-        detectors: qemfs::reduce::geometry::DetectorOptions {
-            center: Some([10.0, 12.0]),
-            bf_radius: Some(4.0),
-            adf: Some([5.0, 6.0]),
-            ..Default::default()
-        },
-        ..TreeOptions::default()
-    };
+    let mut options = TreeOptions::default();
+    options.detectors.center = Some([10.0, 12.0]);
+    options.detectors.bf_radius = Some(4.0);
+    options.detectors.adf = Some([5.0, 6.0]);
     let tree = Tree::new(examples(), &options);
     let doc: Value =
         serde_json::from_slice(&read(&tree, "scan-u16.qem/virtual/detectors.json")).unwrap();

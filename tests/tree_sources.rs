@@ -24,10 +24,8 @@ fn fixture(name: &str) -> PathBuf {
 fn tree(root: &Path, options: TreeOptions) -> (Tree, Arc<Mutex<Vec<String>>>) {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let kept = Arc::clone(&lines);
-    let options = TreeOptions {
-        log: Arc::new(move |l: &str| kept.lock().unwrap().push(l.to_string())),
-        ..options
-    };
+    let mut options = options;
+    options.log = Arc::new(move |l: &str| kept.lock().unwrap().push(l.to_string()));
     (Tree::new(root, &options), lines)
 }
 
@@ -110,11 +108,9 @@ fn links_inside_are_shown_links_out_and_loops_are_not() {
     fs::create_dir(&mnt).unwrap();
     fs::write(mnt.join("under-the-mount.txt"), b"hidden\n").unwrap();
     symlink(&mnt, src.join("into-mount")).unwrap();
-    let options = TreeOptions {
-        follow_symlinks: true,
-        mountpoint: Some(fs::canonicalize(&mnt).unwrap()),
-        ..TreeOptions::default()
-    };
+    let mut options = TreeOptions::default();
+    options.follow_symlinks = true;
+    options.mountpoint = Some(fs::canonicalize(&mnt).unwrap());
     let (t, log) = tree(&src, options);
     assert_eq!(read(&t, "escape.txt"), b"outside\n");
     assert!(t.resolve("up").is_err(), "up holds the source: a loop");
@@ -246,10 +242,8 @@ fn only_the_most_recently_used_containers_stay_open() {
         )
         .unwrap();
     }
-    let options = TreeOptions {
-        open_containers: 2,
-        ..TreeOptions::default()
-    };
+    let mut options = TreeOptions::default();
+    options.open_containers = 2;
     let t = Tree::new(tmp.path(), &options);
     let whole = read(&t, "a.qem/data.npy");
     let per_container = t.cache().stats().entries;

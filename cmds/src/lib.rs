@@ -1,13 +1,11 @@
 //! Shared plumbing of the `qem` and `semq` binaries: exit codes, error
 //! reporting, stdout handling, progress bars and the clap definitions (kept
 //! in the library so man pages and completions are generated from the very
-//! same definitions the binaries parse with).
+//! same definitions the binaries parse with). The flags `qemfs` shares with
+//! them are in the `qemfs-args` crate.
 
 pub mod argparse;
-pub mod detector_args;
 pub mod exit;
-pub mod gpu_args;
-pub mod manpages;
 pub mod out;
 pub mod progress;
 pub mod qem_args;

@@ -1,9 +1,10 @@
 //! The `qem` command line: one clap definition that the binary parses with
 //! and from which the man pages and shell completions are generated.
 
-use crate::detector_args::DetectorArgs;
-use crate::gpu_args::GpuArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use qemfs_args::completions::CompletionsArgs;
+use qemfs_args::detector::DetectorArgs;
+use qemfs_args::gpu::GpuArgs;
 use std::path::PathBuf;
 
 /// The longest chunk any codec takes; the writer checks the codec's own bound.
@@ -296,10 +297,4 @@ pub struct CatArgs {
     pub detectors: DetectorArgs,
     #[command(flatten)]
     pub gpu: GpuArgs,
-}
-
-#[derive(Debug, Args)]
-pub struct CompletionsArgs {
-    /// bash, zsh, fish, elvish or powershell
-    pub shell: clap_complete::Shell,
 }

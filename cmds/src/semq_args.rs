@@ -7,6 +7,7 @@
 //! argparse-shaped usage errors; see [`crate::argparse`]).
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use qemfs_args::completions::CompletionsArgs;
 use std::path::PathBuf;
 
 const EXAMPLES: &str = "\
@@ -248,12 +249,6 @@ pub struct ConcatArgs {
     /// Replace OUT if it exists
     #[arg(long)]
     pub force: bool,
-}
-
-#[derive(Debug, Args)]
-pub struct CompletionsArgs {
-    /// bash, zsh, fish, elvish or powershell
-    pub shell: clap_complete::Shell,
 }
 
 /// Parses `argv` (program name first); usage errors come back rendered as

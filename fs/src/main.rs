@@ -23,8 +23,9 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use qemfs::tree::{Tree, TreeOptions};
-use qemfs_cmds::detector_args::DetectorArgs;
-use qemfs_cmds::gpu_args::GpuArgs;
+use qemfs_args::completions::CompletionsArgs;
+use qemfs_args::detector::DetectorArgs;
+use qemfs_args::gpu::GpuArgs;
 
 /// Readahead for the mount: whole decoded arrays are read sequentially.
 const READAHEAD_KIB: u32 = 8192;
@@ -57,7 +58,7 @@ enum Cmd {
         mountpoint: PathBuf,
     },
     /// Print a shell completion script
-    Completions(qemfs_cmds::qem_args::CompletionsArgs),
+    Completions(CompletionsArgs),
     /// Internal: the detached daemon, given the parsed options as JSON
     #[command(hide = true)]
     Daemon {
@@ -169,11 +170,11 @@ fn main() -> ExitCode {
 
 /// Prints the completion script; a reader that closes the pipe early
 /// ends it quietly.
-fn completions(args: &qemfs_cmds::qem_args::CompletionsArgs) -> Result<(), String> {
+fn completions(args: &CompletionsArgs) -> Result<(), String> {
     use clap::CommandFactory;
-    let mut out = qemfs_cmds::out::Stdout::new();
-    match qemfs_cmds::manpages::completions(Cli::command(), args.shell, &mut out)
-        .and_then(|()| out.done())
+    let mut out = std::io::stdout().lock();
+    match qemfs_args::completions::write(Cli::command(), args.shell, &mut out)
+        .and_then(|()| out.flush())
     {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(format!("stdout: {e}")),
         _ => Ok(()),
@@ -485,15 +486,14 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
         }
     });
     let source = checked.source;
-    let options = TreeOptions {
-        cache_bytes: args.cache_size.saturating_mul(1 << 20),
-        detectors: args.detectors.options(),
-        accelerator: args.gpu.accelerator(|line| log(line)),
-        mountpoint: Some(checked.mountpoint.clone()),
-        follow_symlinks: args.follow_symlinks,
-        log: Arc::clone(&log),
-        open_containers: args.open_containers,
-    };
+    let mut options = TreeOptions::default();
+    options.cache_bytes = args.cache_size.saturating_mul(1 << 20);
+    options.detectors = args.detectors.options();
+    options.accelerator = args.gpu.accelerator(|line| log(line));
+    options.mountpoint = Some(checked.mountpoint.clone());
+    options.follow_symlinks = args.follow_symlinks;
+    options.log = Arc::clone(&log);
+    options.open_containers = args.open_containers;
     let tree = Arc::new(Tree::new(&source, &options));
     let fs =
         filesystem::QemFs::new(tree, args.workers, Arc::clone(&log)).map_err(|e| e.to_string())?;
@@ -566,9 +566,9 @@ mod tests {
     fn man_pages_are_current() {
         use clap::CommandFactory;
         let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../man");
-        let pages = qemfs_cmds::manpages::render_tool(Cli::command());
+        let pages = qemfs_args::man::render_tool(Cli::command());
         let ours = |name: &str| name == "qemfs.1" || name.starts_with("qemfs-");
-        if let Err(e) = qemfs_cmds::manpages::check_pages(&dir, &pages, ours) {
+        if let Err(e) = qemfs_args::man::check_pages(&dir, &pages, ours) {
             panic!("{e}");
         }
     }

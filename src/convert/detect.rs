@@ -7,6 +7,7 @@ use super::ConvertError;
 
 /// The formats `qem convert` reads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SourceFormat {
     Npy,
     Qem,

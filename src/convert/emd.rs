@@ -56,6 +56,7 @@ pub const ARRAY: &str = "datacube";
 
 /// Chunk compression of a written EMD file.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Compression {
     #[default]
     None,

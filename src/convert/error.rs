@@ -7,6 +7,7 @@ use crate::publish::PublishError;
 use crate::qem::write::WriteError;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConvertError {
     /// The input (or an argument about it) is not what it must be.
     #[error("{}: {reason}", path.display())]

@@ -11,7 +11,7 @@ use super::{ConvertError, Monitor, Source};
 use crate::qem::write::DetectorUnit;
 
 /// Top-level members of `scientific_metadata` in schema 2 (spec §5.1).
-pub const KNOWN_KEYS: &[&str] = &[
+pub(crate) const KNOWN_KEYS: &[&str] = &[
     "schema",
     "axes",
     "source_metadata",
@@ -24,9 +24,10 @@ pub const KNOWN_KEYS: &[&str] = &[
 ];
 
 /// `provenance` of quantities given on the command line.
-pub const FLAG_PROVENANCE: &str = "user";
+pub(crate) const FLAG_PROVENANCE: &str = "user";
 
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct MetadataOptions {
     /// A JSON object merged into the scientific metadata.
     pub file: Option<PathBuf>,
@@ -100,7 +101,7 @@ pub fn parse_detector_sampling(text: &str) -> Result<([f64; 2], DetectorUnit), S
 }
 
 /// Deep-merges `patch` into `base` (objects merge, anything else replaces).
-pub fn merge(base: &mut Value, patch: &Value) {
+pub(crate) fn merge(base: &mut Value, patch: &Value) {
     match (base, patch) {
         (Value::Object(b), Value::Object(p)) => {
             for (k, v) in p {
@@ -141,7 +142,7 @@ fn unit_name(u: DetectorUnit) -> &'static str {
 }
 
 /// Applies the user's metadata file and flags to `source`'s description.
-pub fn apply(
+pub(crate) fn apply(
     input: &Path,
     source: &mut dyn Source,
     options: &MetadataOptions,

@@ -109,6 +109,7 @@ pub trait Sink {
 
 /// Output formats, chosen by the output's extension.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SinkFormat {
     Qem,
     Npy,
@@ -145,6 +146,7 @@ pub struct RawLayout {
 
 /// How to convert.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct Options {
     /// Replace the output when it exists.
     pub force: bool,

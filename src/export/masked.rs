@@ -2,6 +2,7 @@
 //! mask marks invalid are written as zero, so tools that know nothing of the
 //! mask (Fiji, a plain `numpy.sum`) do not count hot or dead pixels.
 
+#[cfg(test)]
 use crate::qem::ValidMask;
 
 /// The invalid pixels of one detector frame.
@@ -12,6 +13,8 @@ pub struct InvalidPixels {
 }
 
 impl InvalidPixels {
+    /// The invalid pixels of a header's mask (the tests' way to build one).
+    #[cfg(test)]
     pub fn of(mask: &ValidMask) -> Self {
         InvalidPixels {
             pixels: mask.pixels(),

@@ -1,6 +1,8 @@
-//! Byte encoders for the files the tree and the CLI present: TIFF pages and
-//! PNG previews, and masked exports (`.npy` headers live in [`crate::npy`]).
+//! Byte encoders for the files the tree and the CLI present: TIFF pages,
+//! PNG previews, pretty JSON and masked exports (`.npy` headers live in
+//! [`crate::npy`]).
 
-pub mod masked;
+pub mod json;
+pub(crate) mod masked;
 pub mod png;
-pub mod tiff;
+pub(crate) mod tiff;

@@ -8,13 +8,13 @@
 //! side; shown one screen pixel each it is a smudge. Previews are therefore
 //! enlarged by a whole factor, each value a square block (nearest
 //! neighbour, so no value is invented), until the long side is at least
-//! [`PREVIEW_MIN_SIDE`] pixels.
+//! `PREVIEW_MIN_SIDE` pixels.
 
 /// Largest payload of one stored deflate block.
 const STORED_BLOCK: usize = 65_535;
 
 /// Previews are enlarged until their long side has at least this many pixels.
-pub const PREVIEW_MIN_SIDE: u32 = 256;
+pub(crate) const PREVIEW_MIN_SIDE: u32 = 256;
 
 /// The whole factor a `rows × columns` image is enlarged by.
 fn preview_factor(rows: u32, columns: u32) -> u32 {
@@ -27,19 +27,19 @@ fn preview_factor(rows: u32, columns: u32) -> u32 {
 }
 
 /// The shape of the preview of a `rows × columns` image.
-pub fn preview_shape(rows: u32, columns: u32) -> (u32, u32) {
+pub(crate) fn preview_shape(rows: u32, columns: u32) -> (u32, u32) {
     let k = preview_factor(rows, columns);
     (rows * k, columns * k)
 }
 
 /// Exact size of the PNG [`preview`] writes for an image of this shape.
-pub fn preview_len(rows: u32, columns: u32) -> u64 {
+pub(crate) fn preview_len(rows: u32, columns: u32) -> u64 {
     let (r, c) = preview_shape(rows, columns);
     png_len(r, c)
 }
 
 /// The preview of a `rows × columns` image of `values` (row-major): the
-/// 8-bit stretch of [`auto_contrast`], enlarged to [`preview_shape`].
+/// 8-bit stretch of [`auto_contrast`], enlarged to `preview_shape`.
 pub fn preview(rows: u32, columns: u32, values: &[f32]) -> Vec<u8> {
     let k = preview_factor(rows, columns) as usize;
     let (r, c) = (rows as usize, columns as usize);
@@ -60,7 +60,7 @@ pub fn preview(rows: u32, columns: u32, values: &[f32]) -> Vec<u8> {
 }
 
 /// Exact size of the PNG [`encode_gray8`] writes for an image of this shape.
-pub fn png_len(rows: u32, columns: u32) -> u64 {
+pub(crate) fn png_len(rows: u32, columns: u32) -> u64 {
     let raw = u64::from(rows) * (u64::from(columns) + 1);
     let blocks = raw.div_ceil(STORED_BLOCK as u64).max(1);
     let zlib = 2 + raw + 5 * blocks + 4;
@@ -70,7 +70,7 @@ pub fn png_len(rows: u32, columns: u32) -> u64 {
 /// A grayscale PNG of `rows × columns` 8-bit pixels (row-major).
 /// `pixels.len()` must equal `rows * columns`; a shorter slice is padded
 /// with black and a longer one cut, so the size is always [`png_len`].
-pub fn encode_gray8(rows: u32, columns: u32, pixels: &[u8]) -> Vec<u8> {
+pub(crate) fn encode_gray8(rows: u32, columns: u32, pixels: &[u8]) -> Vec<u8> {
     let (r, c) = (rows as usize, columns as usize);
     let mut raw = Vec::with_capacity(r * (c + 1));
     for row in 0..r {

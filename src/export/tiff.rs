@@ -22,6 +22,7 @@
 //! private tags 65003–65011 that hyperspy's TIFF writer emits and its reader
 //! (rosettasciio) takes units from.
 
+#[cfg(test)]
 use std::io::{self, Write};
 
 use crate::qem::{QemFile, ScientificMetadata};
@@ -385,10 +386,12 @@ impl TiffLayout {
         layout
     }
 
+    #[cfg(test)]
     pub fn is_bigtiff(&self) -> bool {
         self.big
     }
 
+    #[cfg(test)]
     pub fn pages(&self) -> u64 {
         self.pages
     }
@@ -589,7 +592,9 @@ impl TiffLayout {
     }
 
     /// Writes the whole file, asking `page_data` for each page's pixels
-    /// (`page_data_len()` little-endian bytes) in order.
+    /// (`page_data_len()` little-endian bytes) in order; only the tests
+    /// make a whole file at once.
+    #[cfg(test)]
     pub fn write<W: Write>(
         &self,
         out: &mut W,

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use super::error::QemError;
 
 /// Size of one checksum block of the body.
-pub const CHECKSUM_BLOCK: usize = 64 * 1024 * 1024;
+pub(crate) const CHECKSUM_BLOCK: usize = 64 * 1024 * 1024;
 
 /// Lowercase hexadecimal of `bytes`.
 pub fn hex(bytes: &[u8]) -> String {
@@ -45,7 +45,7 @@ pub fn sha256_file_hex(path: &std::path::Path) -> std::io::Result<String> {
 
 /// Parses exactly 64 lowercase hex digits. Uppercase is refused because the
 /// format compares digests as strings.
-pub fn parse_lower_hex32(s: &str) -> Option<[u8; 32]> {
+pub(crate) fn parse_lower_hex32(s: &str) -> Option<[u8; 32]> {
     let b = s.as_bytes();
     if b.len() != 64 {
         return None;

@@ -11,6 +11,7 @@ pub type Result<T, E = QemError> = std::result::Result<T, E>;
 
 /// What is wrong with one count stream (§7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StreamFault {
     /// Selector byte outside 0..=63 and 252..=255.
     UnknownSelector(u8),
@@ -55,6 +56,7 @@ impl fmt::Display for StreamFault {
 /// A coarse classification of [`QemError`], stable for tests and for mapping
 /// to exit codes or errno values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum ErrorKind {
     Io,
     NotQem,
@@ -99,6 +101,7 @@ impl fmt::Display for StreamSite {
 /// Errors are `Clone` (I/O errors shared behind an `Arc`) so that a block
 /// cache can hand one failed load to every waiter.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum QemError {
     #[error("cannot read the file: {0}")]
     Io(std::sync::Arc<std::io::Error>),

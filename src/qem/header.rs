@@ -17,7 +17,10 @@ pub const INTERVAL: usize = 512;
 /// Each shape entry is below 2^24.
 pub const MAX_AXIS: u64 = 1 << 24;
 
-/// The three codecs of container version 1.
+/// The three codecs of container version 1. Exhaustive on purpose (as are
+/// [`Dtype`] and `PixelValues`): a new codec comes with a new container
+/// version, and every decoder and backend that matches on these must then
+/// fail to compile until it handles it, not fall back silently.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Codec {
     /// `runtime-column-rans-spatial-v2`: uint8/uint16 detector counts.

@@ -1,6 +1,6 @@
-//! Lane groups: [`LANES`] rANS streams (§7.1) decoded in lockstep, a few
+//! Lane groups: `LANES` rANS streams (§7.1) decoded in lockstep, a few
 //! steps per call, their values of one step written as one row of a
-//! frame-major block. The state lives in a [`Group`] between calls, so that
+//! frame-major block. The state lives in a `Group` between calls, so that
 //! a block can be decoded a slab of frames at a time across all its pixels
 //! (see `qem::frame_major`).
 //!
@@ -8,8 +8,8 @@
 //! 16-lane registers), AVX2 (two passes of four 8-lane registers) and
 //! portable scalar lanes. All compute exactly the steps of
 //! `rans::step`; none tests for the end of a stream inside a call:
-//! the caller bounds the bytes a call can read (at most [`STEP_BYTES`] per
-//! step plus [`WINDOW`]) and compares each lane's position with its
+//! the caller bounds the bytes a call can read (at most `STEP_BYTES` per
+//! step plus `WINDOW`) and compares each lane's position with its
 //! stream's end after the call.
 //!
 //! The SIMD kernels are branch-free: each step gathers every lane's slot
@@ -26,11 +26,11 @@ use super::rans::{all_slot_tables, step, IDLE_TABLE};
 use super::tables::{ESCAPE, SCALE_BITS, STATE_LOWER, TABLES};
 
 /// Streams per group, for every kernel (a 128-byte row of u16 values).
-pub const LANES: usize = 64;
+pub(crate) const LANES: usize = 64;
 /// Most bytes one step consumes (two renormalisation bytes, an escape).
-pub const STEP_BYTES: usize = 4;
+pub(crate) const STEP_BYTES: usize = 4;
 /// Bytes a kernel reads at a lane's position.
-pub const WINDOW: usize = 4;
+pub(crate) const WINDOW: usize = 4;
 
 /// A decoding kernel.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,7 +90,7 @@ impl Kernel {
 /// indices into the buffer the group is run on (always the same one).
 #[derive(Clone)]
 #[repr(C, align(64))]
-pub struct Group {
+pub(crate) struct Group {
     pub x: [u32; LANES],
     pub pos: [u32; LANES],
     /// Where each lane's stream ends (the idle lane: at its position).

@@ -15,23 +15,24 @@ use sha2::{Digest, Sha256};
 use super::checksum::hex;
 use super::error::QemError;
 
-pub const SCHEMA_2: &str = "quantem.scientific-metadata/2";
-pub const SCHEMA_1: &str = "quantem.scientific-metadata/1";
+pub(crate) const SCHEMA_2: &str = "quantem.scientific-metadata/2";
+pub(crate) const SCHEMA_1: &str = "quantem.scientific-metadata/1";
 
-pub const AXIS_NAMES: [&str; 4] = ["scan_row", "scan_column", "detector_row", "detector_column"];
+pub(crate) const AXIS_NAMES: [&str; 4] =
+    ["scan_row", "scan_column", "detector_row", "detector_column"];
 
 pub const PIXEL_SIZE_ROW: &str = "scan_controller/regular_scan/pixel_size_row";
-pub const PIXEL_SIZE_COLUMN: &str = "scan_controller/regular_scan/pixel_size_column";
-pub const RECIPROCAL_ROW: &str = "imaging_system/reciprocal_pixel_size_row";
-pub const RECIPROCAL_COLUMN: &str = "imaging_system/reciprocal_pixel_size_column";
+pub(crate) const PIXEL_SIZE_COLUMN: &str = "scan_controller/regular_scan/pixel_size_column";
+pub(crate) const RECIPROCAL_ROW: &str = "imaging_system/reciprocal_pixel_size_row";
+pub(crate) const RECIPROCAL_COLUMN: &str = "imaging_system/reciprocal_pixel_size_column";
 pub const ACCELERATING_VOLTAGE: &str = "electron_source/accelerating_voltage";
-pub const BEAM_ENERGY: &str = "electron_source/beam_energy";
-pub const SEMI_CONVERGENCE: &str = "illumination_system/semi_convergence_angle";
-pub const DWELL_TIME: &str = "scan_controller/regular_scan/dwell_time";
-pub const CAMERA_LENGTH: &str = "imaging_system/camera_length";
+pub(crate) const BEAM_ENERGY: &str = "electron_source/beam_energy";
+pub(crate) const SEMI_CONVERGENCE: &str = "illumination_system/semi_convergence_angle";
+pub(crate) const DWELL_TIME: &str = "scan_controller/regular_scan/dwell_time";
+pub(crate) const CAMERA_LENGTH: &str = "imaging_system/camera_length";
 
 /// The `processing` operation that the scaled codec requires (§9.1).
-pub const SCALED_QUANTIZATION: &str = "scaled_uint16_quantization";
+pub(crate) const SCALED_QUANTIZATION: &str = "scaled_uint16_quantization";
 
 /// The microscope path that each axis's sampling must agree with.
 const AXIS_PATHS: [&str; 4] = [
@@ -127,6 +128,7 @@ impl Dimension {
 
 /// Metadata schema generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Schema {
     V1,
     V2,

@@ -33,7 +33,7 @@ const STATE_UPPER: u32 = 1 << 31;
 
 /// Slot lookup of one table: bits 0..10 `slot - start`, 10..16 symbol,
 /// 16..27 frequency.
-pub type SlotTable = [u32; SLOTS];
+pub(crate) type SlotTable = [u32; SLOTS];
 
 /// Table index of the idle lane: frequency 1024 for symbol 0, so a step
 /// leaves the state unchanged, never renormalises and yields 0. Lane groups
@@ -220,7 +220,7 @@ pub(crate) fn decode_careful(
 
 /// Whether 8- and 16-lane groups run on SIMD lanes here (else they run on
 /// scalar lanes, which gain nothing from more than 4).
-pub fn simd_lanes() -> bool {
+pub(crate) fn simd_lanes() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         simd::available()

@@ -6,16 +6,21 @@
 use super::error::StreamFault;
 use super::rans;
 
-pub const SPARSE: u8 = 252;
-pub const ZEROS: u8 = 253;
-pub const LITERAL: u8 = 254;
-pub const CONSTANT: u8 = 255;
+pub(crate) const SPARSE: u8 = 252;
+pub(crate) const ZEROS: u8 = 253;
+pub(crate) const LITERAL: u8 = 254;
+pub(crate) const CONSTANT: u8 = 255;
 /// rANS selectors are `0..RANS_TABLES`.
-pub const RANS_TABLES: u8 = 64;
+pub(crate) const RANS_TABLES: u8 = 64;
 
 /// Length rules of a stream of `m` values. `float` adds the float codec's
 /// extra bounds (rANS and sparse at most `2m` bytes).
-pub fn check_length(selector: u8, len: usize, m: usize, float: bool) -> Result<(), StreamFault> {
+pub(crate) fn check_length(
+    selector: u8,
+    len: usize,
+    m: usize,
+    float: bool,
+) -> Result<(), StreamFault> {
     let ok = match selector {
         ZEROS => len == 0,
         CONSTANT => len == 2,
@@ -188,7 +193,7 @@ impl<'a> StreamTable<'a> {
 
 /// Streams decoded in lockstep by `StreamTable::decode_range` where
 /// SIMD lanes are available (else 4).
-pub const LOCKSTEP: usize = 16;
+pub(crate) const LOCKSTEP: usize = 16;
 
 fn decode_lockstep<const N: usize>(
     pending: &mut Vec<(usize, usize, &[u8], &mut [u16])>,

@@ -7,13 +7,13 @@
 /// Number of rANS tables (model selectors 0..=63).
 pub const TABLES: usize = 64;
 /// Symbols per table: 32 literal values and the escape.
-pub const SYMBOLS: usize = 33;
+pub(crate) const SYMBOLS: usize = 33;
 /// The escape symbol: the value follows as a little-endian u16.
-pub const ESCAPE: usize = 32;
+pub(crate) const ESCAPE: usize = 32;
 /// Frequencies sum to `1 << SCALE_BITS` in every table.
-pub const SCALE_BITS: u32 = 10;
+pub(crate) const SCALE_BITS: u32 = 10;
 /// Lower bound of the coder state; states live in `[L, 2^31)`.
-pub const STATE_LOWER: u32 = 1 << 23;
+pub(crate) const STATE_LOWER: u32 = 1 << 23;
 
 /// `FREQUENCIES[k][s]`: frequency of symbol `s` in table `k`.
 #[rustfmt::skip]

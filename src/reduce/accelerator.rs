@@ -137,6 +137,7 @@ pub struct Partial {
 
 /// Why a reduction failed.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ReduceError {
     /// The file's data could not be decoded (names chunk and stream).
     #[error(transparent)]

@@ -3,14 +3,14 @@
 //!
 //! Pixel centres sit at integer `(row, column)`; a disk of radius `r` about
 //! `(cy, cx)` holds the pixels at distance `d ≤ r`, an annulus those with
-//! `ri ≤ d ≤ ro`. A centre within [`EDGE_TOLERANCE`] (1e-9 pixels) of an
+//! `ri ≤ d ≤ ro`. A centre within `EDGE_TOLERANCE` (1e-9 pixels) of an
 //! edge is *on* it, so radii computed in floating point (the distance to
 //! the farthest pixel) do not drop the pixels that define them. Which edges
 //! belong to a mask is the [`Edges`] convention: both (ours, the default),
 //! the outer only (LiberTEM: the inner edge excluded), or neither
 //! (py4DSTEM); a disk follows its outer edge.
 //!
-//! **Finding the disk** ([`find_disk`]), from a mean pattern:
+//! **Finding the disk** (`find_disk`), from a mean pattern:
 //! 1. smooth with a 3×3 median over valid neighbours (a hot pixel cannot win);
 //! 2. `low` = median, `high` = maximum of the smoothed pattern; a disk needs
 //!    `high ≥ 2 · low` and `high > 0`;
@@ -42,7 +42,7 @@ pub enum Shape {
 }
 
 /// A pixel centre this close to an edge (in pixels) is on it.
-pub const EDGE_TOLERANCE: f64 = 1e-9;
+pub(crate) const EDGE_TOLERANCE: f64 = 1e-9;
 
 /// Which edges of a disk or annulus belong to it, so results can be
 /// reproduced across tools.
@@ -125,7 +125,12 @@ pub fn mask(detector: [usize; 2], center: [f64; 2], shape: Shape) -> PixelSet {
 }
 
 /// The pixels of `shape` about `center` under the `edges` convention.
-pub fn mask_with(detector: [usize; 2], center: [f64; 2], shape: Shape, edges: Edges) -> PixelSet {
+pub(crate) fn mask_with(
+    detector: [usize; 2],
+    center: [f64; 2],
+    shape: Shape,
+    edges: Edges,
+) -> PixelSet {
     let (inner, outer) = match shape {
         Shape::Disk { radius } => (None, radius),
         Shape::Annulus { inner, outer } => (Some(inner), outer),
@@ -150,7 +155,7 @@ pub fn mask_with(detector: [usize; 2], center: [f64; 2], shape: Shape, edges: Ed
 /// Bins of a radial profile on `detector`: one per whole pixel of
 /// distance up to the longest distance between two pixel centres, so any
 /// centre on the detector fits.
-pub fn radial_bins(detector: [usize; 2]) -> usize {
+pub(crate) fn radial_bins(detector: [usize; 2]) -> usize {
     let [rows, columns] = detector;
     let far = ((rows.max(1) - 1) as f64).hypot((columns.max(1) - 1) as f64);
     far.ceil() as usize + 1
@@ -160,7 +165,7 @@ pub fn radial_bins(detector: [usize; 2]) -> usize {
 /// about `center` ([`radial_bins`] of them; a distance within
 /// [`EDGE_TOLERANCE`] of `k + 1` is in ring `k + 1`); NaN for an empty ring.
 /// Pixels beyond the last ring (a centre off the detector) are left out.
-pub fn radial_profile(
+pub(crate) fn radial_profile(
     pattern: &[f64],
     detector: [usize; 2],
     center: [f64; 2],
@@ -201,7 +206,7 @@ pub struct Disk {
 
 /// Finds the bright-field disk in a detector-shaped `pattern` (row-major);
 /// `valid(p)` says which pixels to trust. `Err` says why none qualifies.
-pub fn find_disk(
+pub(crate) fn find_disk(
     pattern: &[f64],
     detector: [usize; 2],
     valid: impl Fn(usize) -> bool,
@@ -321,7 +326,7 @@ pub fn farthest(detector: [usize; 2], center: [f64; 2]) -> f64 {
 }
 
 /// The default annuli `(abf, adf, haadf)` for bright-field radius `r`.
-pub fn default_annuli(detector: [usize; 2], center: [f64; 2], r: f64) -> [[f64; 2]; 3] {
+pub(crate) fn default_annuli(detector: [usize; 2], center: [f64; 2], r: f64) -> [[f64; 2]; 3] {
     let d = farthest(detector, center);
     let a = (3.0 * r).min((1.2 * r + d) / 2.0);
     [[r / 2.0, r], [1.2 * r, a], [a, d]]
@@ -330,6 +335,7 @@ pub fn default_annuli(detector: [usize; 2], center: [f64; 2], r: f64) -> [[f64; 
 /// Geometry given by the user (mount options); what is missing is found
 /// in the data or defaulted.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct DetectorOptions {
     pub center: Option<[f64; 2]>,
     pub bf_radius: Option<f64>,

@@ -7,10 +7,10 @@
 //! documented tolerance). [`Reducer`] plans the products for any backend;
 //! [`geometry`] builds masks and finds the bright-field disk.
 
-pub mod accelerator;
+pub(crate) mod accelerator;
 mod cpu;
 pub mod geometry;
-pub mod idpc;
+pub(crate) mod idpc;
 mod neumaier;
 mod products;
 

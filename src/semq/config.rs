@@ -49,8 +49,6 @@ impl Operator {
 
 /// Size of a config in bytes.
 pub const CONFIG_LEN: usize = 13;
-/// The orbit scale APIs use when none is given.
-pub const DEFAULT_ORBIT_SCALE: u32 = 50;
 pub const MAX_DIM: u32 = 65536;
 pub const MAX_ORBIT_SCALE: u32 = 1 << 30;
 /// Number of orbit symbols (0, 1..9 positive, 10..18 negative).

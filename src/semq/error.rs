@@ -67,6 +67,7 @@ impl fmt::Display for Which {
 /// (`row`, `field`, `section`, `which`) are the contract; messages are
 /// informative English sentences and never contain input data.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SemqError {
     /// An argument violates its contract.
     #[error("{message}")]

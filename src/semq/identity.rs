@@ -12,7 +12,7 @@ pub fn content_digest(s: &[u8]) -> Digest32 {
 
 /// An incremental content digest, for writers that produce S in pieces.
 #[derive(Clone, Default)]
-pub struct ContentHasher(Sha256);
+pub(crate) struct ContentHasher(Sha256);
 
 impl ContentHasher {
     pub fn new() -> ContentHasher {

@@ -9,22 +9,22 @@
 //! renders what the `semq` command prints.
 
 pub mod concat;
-pub mod config;
-pub mod diff;
+pub(crate) mod config;
+pub(crate) mod diff;
 pub mod encode;
-pub mod encoding;
-pub mod error;
+pub(crate) mod encoding;
+pub(crate) mod error;
 pub mod floor;
 pub mod identity;
-pub mod ids;
-pub mod manifest;
-pub mod read;
+pub(crate) mod ids;
+pub(crate) mod manifest;
+pub(crate) mod read;
 pub mod report;
 pub mod rows;
-pub mod write;
+pub(crate) mod write;
 
 pub use concat::concat;
-pub use config::{Config, Operator};
+pub use config::{Config, ConfigFault, Operator};
 pub use diff::{Diff, ManifestChange};
 pub use encode::{encode, encode_with_progress, from_rows, from_symbols};
 pub use encoding::Encoding;

@@ -49,7 +49,7 @@ fn push_list<T>(
 }
 
 /// `{"operator": ..., "dim": ..., "<param>": ..., "rule_revision": ...}`
-pub fn push_config(out: &mut String, c: &Config, sep: Separators) {
+pub(crate) fn push_config(out: &mut String, c: &Config, sep: Separators) {
     let Separators { item: i, key: k } = sep;
     let _ = write!(
         out,

@@ -8,7 +8,7 @@ use super::config::{Config, Operator};
 /// Where a row breaks the canonical rule: the first unit whose symbol is
 /// outside the alphabet, or `None` when only a padding bit is set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RowFault {
+pub(crate) struct RowFault {
     pub unit: Option<usize>,
 }
 
@@ -103,8 +103,10 @@ fn unpack_bits(bits: u32, row: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The symbol of one unit of a row (`unit` < units_per_row).
-pub fn symbol_at(config: &Config, row: &[u8], unit: usize) -> u8 {
+/// The symbol of one unit of a row (`unit` < units_per_row); the tests'
+/// reference for the packed layout.
+#[cfg(test)]
+pub(crate) fn symbol_at(config: &Config, row: &[u8], unit: usize) -> u8 {
     match config.operator() {
         Operator::Orbit => row.get(unit).copied().unwrap_or(0),
         Operator::Phase if config.param() <= 16 => {
@@ -132,7 +134,7 @@ pub fn symbol_at(config: &Config, row: &[u8], unit: usize) -> u8 {
 
 /// False when every bit pattern of a row is canonical (phase with 16 or
 /// 256 sectors, quant with a power-of-two alphabet and no padding).
-pub fn can_be_non_canonical(config: &Config) -> bool {
+pub(crate) fn can_be_non_canonical(config: &Config) -> bool {
     match config.operator() {
         Operator::Orbit => true,
         Operator::Phase => config.param() != 16 && config.param() != 256,
@@ -147,7 +149,7 @@ pub fn can_be_non_canonical(config: &Config) -> bool {
 /// Checks the canonical rule: every symbol inside the alphabet, every
 /// padding bit zero. The common power-of-two alphabets only need the
 /// padding test, which keeps full-file verification cheap.
-pub fn check_canonical(config: &Config, row: &[u8]) -> Result<(), RowFault> {
+pub(crate) fn check_canonical(config: &Config, row: &[u8]) -> Result<(), RowFault> {
     let alphabet = config.alphabet();
     match config.operator() {
         // The common case (canonical) is decided by a branch-free maximum,

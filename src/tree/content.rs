@@ -34,7 +34,7 @@ pub trait Content: Send + Sync {
 }
 
 /// Copies the part of `bytes` at `offset` into `buf`.
-pub fn copy_range(bytes: &[u8], offset: u64, buf: &mut [u8]) -> usize {
+pub(crate) fn copy_range(bytes: &[u8], offset: u64, buf: &mut [u8]) -> usize {
     let Ok(start) = usize::try_from(offset) else {
         return 0;
     };
@@ -179,7 +179,7 @@ where
 }
 
 /// A source file served as it is.
-pub struct Passthrough {
+pub(crate) struct Passthrough {
     path: PathBuf,
     size: u64,
     file: OnceLock<Result<File, String>>,

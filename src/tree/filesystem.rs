@@ -33,6 +33,7 @@ pub const ROOT: u64 = 1;
 
 /// Why a request failed, by the errno the kernel gets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum FsError {
     /// The tree could not serve the path (ENOENT, ENOTDIR, EISDIR, or EIO
     /// for corrupt data and I/O errors).

@@ -24,9 +24,9 @@ pub mod filesystem;
 mod prefetch;
 mod qem_view;
 mod semq_view;
-pub mod source;
+pub(crate) mod source;
 mod virtual_dir;
-pub mod zarr_view;
+pub(crate) mod zarr_view;
 
 use std::collections::{BTreeMap, HashSet};
 use std::fs;
@@ -46,6 +46,7 @@ use crate::semq::Encoding;
 /// Why a path could not be served. Clone, so that every waiter of a
 /// failed single-flight decode gets the error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum TreeError {
     #[error("{0}: no such file or directory")]
     NotFound(String),
@@ -219,6 +220,7 @@ const LOGGED_REFUSALS: usize = 10_000;
 
 /// Options of a tree.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct TreeOptions {
     /// The byte budget: decoded blocks and derived files held.
     pub cache_bytes: usize,

@@ -612,11 +612,7 @@ pub fn directory(
     let file = &view.file;
     let shape = file.shape();
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
-    let text = |v: &serde_json::Value| -> Vec<u8> {
-        let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
-        s.push('\n');
-        s.into_bytes()
-    };
+    let text = |v: &serde_json::Value| crate::export::json::pretty(v).into_bytes();
     // The two documents that hold the whole header are made from the file
     // when read and held in the budget: the header is not kept parsed
     // (see QemFile::header_object). Their sizes are found now.

@@ -245,9 +245,3 @@ impl Sources {
         Ok(resolved)
     }
 }
-
-/// Whether `a` and `b` (real paths) nest: one is inside the other, or
-/// they are the same folder.
-pub fn nested(a: &Path, b: &Path) -> bool {
-    a.starts_with(b) || b.starts_with(a)
-}

@@ -227,7 +227,9 @@ impl Products {
             "origin": "zero-based detector (row, column), minus the scan mean of the finite values",
             "zero_total": "NaN, excluded from the mean",
         });
-        let mut text = serde_json::to_string_pretty(&doc).unwrap_or_default();
+        let mut text = crate::export::json::pretty(&doc);
+        // Padded with spaces before the final newline to the fixed size.
+        text.pop();
         if text.len() >= DETECTORS_JSON_BYTES {
             return Err(TreeError::Internal(format!(
                 "detectors.json needs {} bytes, more than its {DETECTORS_JSON_BYTES}",

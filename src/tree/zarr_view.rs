@@ -88,9 +88,7 @@ impl ArrayMeta {
 }
 
 fn pretty(v: &Value) -> Vec<u8> {
-    let mut s = serde_json::to_string_pretty(v).unwrap_or_default();
-    s.push('\n');
-    s.into_bytes()
+    crate::export::json::pretty(v).into_bytes()
 }
 
 fn file_entry(bytes: Vec<u8>) -> Entry {

@@ -1,5 +1,5 @@
 //! Shards of a written Zarr store: how many inner chunks (one block's worth
-//! of frames each, see [`super::layout::chunk_shape`]) go into one shard
+//! of frames each, see `super::layout::chunk_shape`) go into one shard
 //! file of the v3 `sharding_indexed` codec.
 //!
 //! Object stores and cluster file systems pay per file: a 128×128 scan in
@@ -25,7 +25,7 @@ pub const DEFAULT_SHARD_MIB: u64 = 64;
 /// holds one contiguous run of frames: whole scan rows (the columns padded
 /// up to a whole number of chunks) when one such row fits in the target,
 /// else consecutive chunks of one row.
-pub fn scan_shard(
+pub(crate) fn scan_shard(
     rows: usize,
     columns: usize,
     chunk: [usize; 2],

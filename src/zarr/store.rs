@@ -1,11 +1,11 @@
-//! Zarr stores on disk, through `zarrs`: [`write_store`] renders a `.qem`
+//! Zarr stores on disk, through `zarrs`: `write_store` renders a `.qem`
 //! file as a compressed Zarr v3 group (the layout of the mount's
-//! `data.zarr`, see [`super::layout`]), and [`ZarrSource`] reads any 4-D
+//! `data.zarr`, see `super::layout`), and [`ZarrSource`] reads any 4-D
 //! Zarr v2 or v3 array (zarr-python's blosc, zstd, gzip or no compressor;
 //! any chunking) in bounded bands of scan rows.
 //!
 //! A store is written into a temporary sibling directory and renamed into
-//! place only when complete ([`crate::publish::AtomicDir`]).
+//! place only when complete (`crate::publish::AtomicDir`).
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -47,6 +47,7 @@ fn fail(store: &Path, reason: impl std::fmt::Display) -> ZarrError {
 
 /// The compression of a written store's chunks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Compression {
     /// Uncompressed chunks (the mount's view is uncompressed too).
     None,
@@ -82,7 +83,7 @@ impl Compression {
     }
 }
 
-/// What [`write_store`] wrote.
+/// What `write_store` wrote.
 #[derive(Debug, Clone, Copy)]
 pub struct StoreSummary {
     /// Decoded bytes of `data` (and `codes`) written.
@@ -296,7 +297,7 @@ fn write_dense(
 /// `codes` (scaled files), `mask` (counts) and the coordinate arrays, all
 /// with the attributes of the mount's `data.zarr`, plus `qem.header` for
 /// the way back. `progress` is told the dense bytes of each chunk written.
-pub fn write_store(
+pub(crate) fn write_store(
     file: &QemFile,
     source_name: &str,
     target: &Path,
@@ -445,9 +446,7 @@ fn consolidate(
         "must_understand": false,
         "metadata": metadata,
     });
-    let mut out = serde_json::to_vec_pretty(&group).map_err(|e| e.to_string())?;
-    out.push(b'\n');
-    std::fs::write(&path, out).map_err(|e| e.to_string())
+    std::fs::write(&path, crate::export::json::pretty(&group)).map_err(|e| e.to_string())
 }
 
 /// A 4-D Zarr array opened for conversion: a store's `data` array (the

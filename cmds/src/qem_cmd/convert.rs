@@ -61,35 +61,35 @@ pub fn convert(args: &ConvertArgs) -> Result<u8, Failure> {
         }),
         _ => None,
     };
-    let options = Options {
-        force: args.force,
-        chunk_scans: args.chunk_scans.map(u64::from),
-        raw,
-        scan: args.scan,
-        allow_float_rounding: args.allow_float_rounding,
-        metadata: MetadataOptions {
-            file: args.metadata.clone(),
-            strict: args.strict_metadata,
-            voltage_kv: args.voltage_kv,
-            scan_step_angstrom: args.scan_step,
-            detector_sampling: args.detector_sampling,
-        },
-        zarr_compression: match args.zarr_compression {
-            ZarrCompression::BloscZstd => Compression::BloscZstd,
-            ZarrCompression::BloscLz4 => Compression::BloscLz4,
-            ZarrCompression::Zstd => Compression::Zstd,
-            ZarrCompression::None => Compression::None,
-        },
-        zarr_shard_mib: Some(args.zarr_shard_mib),
-        hdf5_compression: match args.hdf5_compression {
-            Hdf5Compression::None => convert::Hdf5Compression::None,
-            Hdf5Compression::Gzip => convert::Hdf5Compression::Gzip,
-        },
-        masked: args.masked,
-        dectris_markers: match args.dectris_markers {
-            DectrisMarkers::Refuse => Markers::Refuse,
-            DectrisMarkers::Mask => Markers::Mask,
-        },
+    // Both option structs may grow (`#[non_exhaustive]`): set field by field.
+    let mut metadata = MetadataOptions::default();
+    metadata.file = args.metadata.clone();
+    metadata.strict = args.strict_metadata;
+    metadata.voltage_kv = args.voltage_kv;
+    metadata.scan_step_angstrom = args.scan_step;
+    metadata.detector_sampling = args.detector_sampling;
+    let mut options = Options::default();
+    options.force = args.force;
+    options.chunk_scans = args.chunk_scans.map(u64::from);
+    options.raw = raw;
+    options.scan = args.scan;
+    options.allow_float_rounding = args.allow_float_rounding;
+    options.metadata = metadata;
+    options.zarr_compression = match args.zarr_compression {
+        ZarrCompression::BloscZstd => Compression::BloscZstd,
+        ZarrCompression::BloscLz4 => Compression::BloscLz4,
+        ZarrCompression::Zstd => Compression::Zstd,
+        ZarrCompression::None => Compression::None,
+    };
+    options.zarr_shard_mib = Some(args.zarr_shard_mib);
+    options.hdf5_compression = match args.hdf5_compression {
+        Hdf5Compression::None => convert::Hdf5Compression::None,
+        Hdf5Compression::Gzip => convert::Hdf5Compression::Gzip,
+    };
+    options.masked = args.masked;
+    options.dectris_markers = match args.dectris_markers {
+        DectrisMarkers::Refuse => Markers::Refuse,
+        DectrisMarkers::Mask => Markers::Mask,
     };
     let mut bar = Bar(None);
     let result = convert::convert(&args.input, &args.output, &options, &mut bar);

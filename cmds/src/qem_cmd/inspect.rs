@@ -24,9 +24,7 @@ pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
         let backend = args.gpu.accelerator_quiet_on_auto();
         let info =
             qemfs::tree::info_json(&file, &*backend).map_err(|e| Failure::file(&args.file, e))?;
-        let text = serde_json::to_string_pretty(&info)
-            .map_err(|e| Failure::plain(format!("serialising the report: {e}")))?;
-        writeln!(out, "{text}")?;
+        out.write_all(qemfs::export::json::pretty(&info).as_bytes())?;
         out.done()?;
         return Ok(OK);
     }

@@ -4,11 +4,11 @@ use std::io::Write;
 
 use qemfs::tree::{Node, Origin, Tree, TreeOptions};
 
-use crate::detector_args::DetectorArgs;
 use crate::exit::{Failure, OK};
-use crate::gpu_args::GpuArgs;
 use crate::out::Stdout;
 use crate::qem_args::{CatArgs, LsArgs};
+use qemfs_args::detector::DetectorArgs;
+use qemfs_args::gpu::GpuArgs;
 
 /// Resolves `path` inside the container of `file`.
 fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Failure> {
@@ -29,15 +29,11 @@ fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
     // The tree checks for truncated sources; the guard keeps them from
     // ending the process first.
     // One command reads each block once; a small budget suffices.
-    Tree::new(
-        ".",
-        &TreeOptions {
-            cache_bytes: 256 << 20,
-            detectors: detectors.options(),
-            accelerator: gpu.accelerator_quiet_on_auto(),
-            ..TreeOptions::default()
-        },
-    )
+    let mut options = TreeOptions::default();
+    options.cache_bytes = 256 << 20;
+    options.detectors = detectors.options();
+    options.accelerator = gpu.accelerator_quiet_on_auto();
+    Tree::new(".", &options)
 }
 
 pub fn ls(args: &LsArgs) -> Result<u8, Failure> {

@@ -25,7 +25,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
         Command::Completions(a) => {
             use clap::CommandFactory;
             let mut out = crate::out::Stdout::new();
-            crate::manpages::completions(Cli::command(), a.shell, &mut out)?;
+            qemfs_args::completions::write(Cli::command(), a.shell, &mut out)?;
             out.done()?;
             Ok(crate::exit::OK)
         }

@@ -50,13 +50,13 @@ use spatial::Tiles;
 /// The codec identifiers, as the reader knows them.
 pub use crate::qem::header::{FLOAT_CODEC, INTEGER_CODEC, SCALED_CODEC};
 /// Frames per block of the integer and scaled codecs.
-pub const INTERVAL: u64 = crate::qem::header::INTERVAL as u64;
+pub(crate) const INTERVAL: u64 = crate::qem::header::INTERVAL as u64;
 /// Largest header the format allows.
-pub const MAX_HEADER_BYTES: usize = envelope::MAX_HEADER_BYTES as usize;
+pub(crate) const MAX_HEADER_BYTES: usize = envelope::MAX_HEADER_BYTES as usize;
 /// Body bytes covered by one `sha256` entry.
-pub const CHECKSUM_BLOCK: u64 = crate::qem::checksum::CHECKSUM_BLOCK as u64;
+pub(crate) const CHECKSUM_BLOCK: u64 = crate::qem::checksum::CHECKSUM_BLOCK as u64;
 /// Default chunk length (scans) of the integer and scaled codecs.
-pub const DEFAULT_CHUNK_SCANS: u64 = 512;
+pub(crate) const DEFAULT_CHUNK_SCANS: u64 = 512;
 /// Longest chunk the reference writer uses for counts (two blocks).
 pub const MAX_COUNT_CHUNK_SCANS: u64 = 1024;
 
@@ -227,6 +227,7 @@ impl WriteSpec {
 
 /// Why a file could not be written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WriteError {
     #[error("invalid shape {shape:?}: {reason}")]
     Shape { shape: [u64; 4], reason: String },

@@ -49,6 +49,7 @@ impl Codec {
 
 /// Why a row was not admitted (spec 6, step 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum RowRejection {
     /// NaN or ±infinity at this coordinate.
     NotFinite(usize),

@@ -127,7 +127,7 @@ impl Floor {
 
 /// The 99th percentile by nearest rank: the k-th smallest with
 /// k = m − ⌊m/100⌋ (0 for no values).
-pub fn p99(values: &[u64]) -> u64 {
+pub(crate) fn p99(values: &[u64]) -> u64 {
     let m = values.len();
     if m == 0 {
         return 0;

@@ -1,22 +1,20 @@
-//! Man pages and completion scripts, generated from the clap definitions so
-//! they cannot drift from what the binaries accept.
+//! Man pages, generated from the clap definitions so they cannot drift
+//! from what the binaries accept. Each binary renders its own tool's pages
+//! (only it can see its CLI) and a test compares them with `man/`.
 
-use clap::{Arg, Command, CommandFactory};
-use std::io::Write;
-
-/// Every man page of `qem` and `semq`: `(file name, roff text)`. (`qemfs`
-/// renders its own with [`render_tool`]: this crate cannot see its CLI.)
-pub fn render_all() -> Vec<(String, Vec<u8>)> {
-    let mut pages = render_tool(crate::qem_args::Cli::command());
-    pages.extend(render_tool(crate::semq_args::Cli::command()));
-    pages
-}
+use clap::{Arg, Command};
 
 /// The man pages of one tool: one for the tool and one per subcommand
 /// (`qem-show.1`, ...), as git does; hidden subcommands get none.
 pub fn render_tool(command: Command) -> Vec<(String, Vec<u8>)> {
     let mut pages = Vec::new();
-    let mut command = command.version(env!("CARGO_PKG_VERSION"));
+    // The tool's own version (`#[command(version)]` in its crate), also on
+    // every subcommand's page.
+    let version = command
+        .get_version()
+        .unwrap_or(env!("CARGO_PKG_VERSION"))
+        .to_string();
+    let mut command = command.version(version.clone());
     // Built, the command has its `help` subcommand, which the tool's page
     // lists: it gets a page too.
     command.build();
@@ -29,7 +27,7 @@ pub fn render_tool(command: Command) -> Vec<(String, Vec<u8>)> {
         } else {
             sub.clone()
         };
-        let sub = sub.name(full.clone()).version(env!("CARGO_PKG_VERSION"));
+        let sub = sub.name(full.clone()).version(version.clone());
         pages.push((format!("{full}.1"), render(&sub)));
     }
     pages
@@ -99,16 +97,4 @@ fn render(command: &Command) -> Vec<u8> {
     // Writing into a Vec cannot fail.
     let _ = clap_mangen::Man::new(command.clone()).render(&mut out);
     out
-}
-
-/// Writes the completion script for `shell` of the tool described by `command`.
-pub fn completions(
-    mut command: Command,
-    shell: clap_complete::Shell,
-    out: &mut impl Write,
-) -> std::io::Result<()> {
-    let name = command.get_name().to_string();
-    let mut buffer = Vec::new();
-    clap_complete::generate(shell, &mut command, name, &mut buffer);
-    out.write_all(&buffer)
 }

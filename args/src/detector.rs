@@ -38,15 +38,15 @@ pub struct DetectorArgs {
 
 impl DetectorArgs {
     pub fn options(&self) -> DetectorOptions {
-        DetectorOptions {
-            center: self.center,
-            bf_radius: self.bf_radius,
-            abf: self.abf,
-            adf: self.adf,
-            haadf: self.haadf,
-            edges: self.mask_edges,
-            verify_index: self.verify_index,
-        }
+        let mut options = DetectorOptions::default();
+        options.center = self.center;
+        options.bf_radius = self.bf_radius;
+        options.abf = self.abf;
+        options.adf = self.adf;
+        options.haadf = self.haadf;
+        options.edges = self.mask_edges;
+        options.verify_index = self.verify_index;
+        options
     }
 }
 
