@@ -24,13 +24,9 @@ fn a_block_larger_than_the_budget_is_read_in_cached_windows() {
     w.push(&vec![0u8; (512 * FRAME) as usize]).unwrap();
     w.finish().unwrap();
 
-    let tree = Tree::new(
-        dir.path(),
-        &TreeOptions {
-            cache_bytes: 256 << 20,
-            ..TreeOptions::default()
-        },
-    );
+    let mut options = TreeOptions::default();
+    options.cache_bytes = 256 << 20;
+    let tree = Tree::new(dir.path(), &options);
     let Node::File(data, _) = tree.resolve("huge.qem/data.npy").unwrap() else {
         panic!("data.npy is a file")
     };
