@@ -99,7 +99,9 @@ pub trait Source {
 }
 
 /// A destination that accepts windows of frames and publishes them whole.
-pub trait Sink {
+/// `Send`: [`run`] writes one window on a thread of its own while the
+/// source reads the next.
+pub trait Sink: Send {
     /// Takes the next window (whole frames, in scan order).
     fn write_frames(&mut self, window: &[u8]) -> Result<(), ConvertError>;
     /// Makes the output visible under its final name; dropping a sink
@@ -439,24 +441,38 @@ pub fn open_sink(
     })
 }
 
-/// Streams every frame of `source` into `sink` window by window, then publishes.
+/// Streams every frame of `source` into `sink` window by window, then
+/// publishes. The sink writes (encodes) a window on a thread of its own
+/// while the source reads (decompresses, unpacks) the next one, so the two
+/// overlap; two windows are held at once.
 pub fn run(
     source: &mut dyn Source,
-    mut sink: Box<dyn Sink>,
+    sink: Box<dyn Sink>,
     monitor: &mut dyn Monitor,
 ) -> Result<(), ConvertError> {
     let desc = source.description();
     let (frames, window, frame_bytes) = (desc.frames(), desc.window_frames(), desc.frame_bytes());
     monitor.start(frames * frame_bytes as u64);
-    let mut buffer = Vec::new();
-    let mut first = 0;
-    while first < frames {
+    let mut sink = sink;
+    let read = |source: &mut dyn Source, first: u64, buffer: &mut Vec<u8>| {
         let n = window.min(frames - first);
         buffer.resize(n as usize * frame_bytes, 0);
-        source.read_frames(first, &mut buffer)?;
-        sink.write_frames(&buffer)?;
-        monitor.advance(buffer.len() as u64);
-        first += n;
+        source.read_frames(first, buffer).map(|()| n)
+    };
+    let (mut writing, mut reading) = (Vec::new(), Vec::new());
+    let mut first = read(source, 0, &mut writing)?;
+    while !writing.is_empty() {
+        let (written, next) = std::thread::scope(|s| {
+            let writer = s.spawn(|| sink.write_frames(&writing));
+            let next = read(source, first, &mut reading);
+            (writer.join(), next)
+        });
+        // The window being written comes before the one being read: its
+        // failure is the one to report.
+        written.unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+        first += next?;
+        monitor.advance(writing.len() as u64);
+        std::mem::swap(&mut writing, &mut reading);
     }
     monitor.finish();
     sink.publish()
@@ -496,7 +512,7 @@ mod tests {
         frame_bytes: usize,
         next: u64,
         windows: Vec<usize>,
-        published: std::rc::Rc<std::cell::Cell<u64>>,
+        published: std::sync::Arc<std::sync::atomic::AtomicU64>,
     }
 
     impl Sink for Checking {
@@ -511,7 +527,8 @@ mod tests {
         }
         fn publish(self: Box<Self>) -> Result<(), ConvertError> {
             assert_eq!(self.windows, [256, 256, 88]);
-            self.published.set(self.next);
+            self.published
+                .store(self.next, std::sync::atomic::Ordering::Relaxed);
             Ok(())
         }
     }
@@ -536,7 +553,7 @@ mod tests {
             }
         ));
         let mut source = Counting { description };
-        let published = std::rc::Rc::new(std::cell::Cell::new(0));
+        let published = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let sink = Box::new(Checking {
             frame_bytes: 256 * 512 * 2,
             next: 0,
@@ -544,6 +561,6 @@ mod tests {
             published: published.clone(),
         });
         run(&mut source, sink, &mut Quiet::default()).unwrap();
-        assert_eq!(published.get(), 600);
+        assert_eq!(published.load(std::sync::atomic::Ordering::Relaxed), 600);
     }
 }

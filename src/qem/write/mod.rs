@@ -671,14 +671,18 @@ impl Writer {
                 json!({"arrays": arrays, "first": first, "region": region, "scans": scans64})
             }
             Kind::Float { logical } => {
-                logical.update(data);
                 let src = Frames {
                     bytes: data,
                     wide: true,
                     width: 2 * self.pixels,
                 };
-                let mut streams = chunk::encode_streams(src, scans, scans, model)
-                    .ok_or(WriteError::ChunkTooLarge)?;
+                // The whole-array SHA-256 is one serial stream: it runs
+                // beside the (parallel) encoding of the same chunk.
+                let (_, streams) = rayon::join(
+                    || logical.update(data),
+                    || chunk::encode_streams(src, scans, scans, model),
+                );
+                let mut streams = streams.ok_or(WriteError::ChunkTooLarge)?;
                 if streams.payload.is_empty() {
                     // Every array must be non-empty: one padding byte.
                     streams.payload.push(0);
