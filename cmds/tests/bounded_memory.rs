@@ -94,6 +94,21 @@ fn a_huge_block_is_validated_hashed_converted_and_read_within_2_gib() {
     assert!(ok, "hash of the copy: {err}");
     assert_eq!(String::from_utf8_lossy(&said), format!("{want}  {copy}\n"));
 
+    // As a Zarr store, chunks written from bounded windows of the block,
+    // and back: the same array.
+    let store = dir.path().join("huge.zarr");
+    let store = store.to_str().unwrap();
+    let (ok, err) = limited(&["convert", file, store], |_| {});
+    assert!(ok, "convert to .zarr: {err}");
+    let back = dir.path().join("back.qem");
+    let back = back.to_str().unwrap();
+    let (ok, err) = limited(&["convert", store, back], |_| {});
+    assert!(ok, "convert from .zarr: {err}");
+    let mut said = Vec::new();
+    let (ok, err) = limited(&["hash", back], |b| said.extend_from_slice(b));
+    assert!(ok, "hash of the Zarr round trip: {err}");
+    assert_eq!(String::from_utf8_lossy(&said), format!("{want}  {back}\n"));
+
     // data.npy whole: an npy header of the declared shape, then every
     // decoded byte, all zero.
     let (mut head, mut total, mut nonzero) = (Vec::new(), 0usize, 0usize);

@@ -543,6 +543,17 @@ impl QemFile {
 
     /// Decodes frames `frames` into `out` (`len * frame_bytes()` long).
     pub fn read_frames(&self, frames: Range<usize>, out: &mut [u8]) -> Result<()> {
+        self.read_range(frames, out, false)
+    }
+
+    /// The stored u16 codes of frames `frames`, little-endian (`2 * pixels`
+    /// bytes a frame; integer and scaled codecs), block by block in bounded
+    /// windows like [`read_frames`](Self::read_frames).
+    pub fn read_frame_codes_le(&self, frames: Range<usize>, out: &mut [u8]) -> Result<()> {
+        self.read_range(frames, out, true)
+    }
+
+    fn read_range(&self, frames: Range<usize>, out: &mut [u8], codes: bool) -> Result<()> {
         if frames.start > frames.end || frames.end > self.frames() {
             return Err(QemError::OutOfRange {
                 what: "frame range end",
@@ -550,7 +561,11 @@ impl QemFile {
                 limit: self.frames(),
             });
         }
-        let fb = self.frame_bytes();
+        let fb = if codes {
+            2 * self.pixels()
+        } else {
+            self.frame_bytes()
+        };
         check_len("frame buffer", out.len(), (frames.end - frames.start) * fb)?;
         let mut f = frames.start;
         while f < frames.end {
@@ -558,7 +573,12 @@ impl QemFile {
             let t0 = f - info.first_frame;
             let t1 = (frames.end - info.first_frame).min(info.frames);
             let at = (f - frames.start) * fb;
-            let part = Output::Values(&mut out[at..at + (t1 - t0) * fb]);
+            let part = &mut out[at..at + (t1 - t0) * fb];
+            let part = if codes {
+                Output::Codes(part)
+            } else {
+                Output::Values(part)
+            };
             self.decode_block_frames(&info, t0..t1, part, true)?;
             f = info.first_frame + t1;
         }

@@ -171,28 +171,21 @@ fn build_array(
     Ok(array)
 }
 
-/// Decoded values (or stored codes) of frames `frames`, little-endian.
+/// Decoded values (or stored codes) of frames `frames`, little-endian,
+/// decoded in bounded windows whatever the block's size.
 fn frames_bytes(file: &QemFile, frames: Range<usize>, codes: bool) -> Result<Vec<u8>, String> {
-    if !codes {
-        let mut out = vec![0u8; frames.len() * file.frame_bytes()];
+    let frame_bytes = if codes {
+        2 * file.pixels()
+    } else {
+        file.frame_bytes()
+    };
+    let mut out = vec![0u8; frames.len() * frame_bytes];
+    let read = if codes {
+        file.read_frame_codes_le(frames, &mut out)
+    } else {
         file.read_frames(frames, &mut out)
-            .map_err(|e| e.to_string())?;
-        return Ok(out);
-    }
-    let pixels = file.pixels();
-    let mut out = Vec::with_capacity(frames.len() * pixels * 2);
-    let mut block_codes = Vec::new();
-    let mut frame = frames.start;
-    while frame < frames.end {
-        let info = *file.block_of_frame(frame).map_err(|e| e.to_string())?;
-        block_codes.resize(info.frames * pixels, 0u16);
-        file.decode_block_codes(info.index, &mut block_codes)
-            .map_err(|e| e.to_string())?;
-        let stop = frames.end.min(info.first_frame + info.frames);
-        let local = (frame - info.first_frame) * pixels..(stop - info.first_frame) * pixels;
-        out.extend(block_codes[local].iter().flat_map(|c| c.to_le_bytes()));
-        frame = stop;
-    }
+    };
+    read.map_err(|e| e.to_string())?;
     Ok(out)
 }
 
@@ -645,35 +638,50 @@ impl ZarrSource {
     }
 
     /// Frames `first..first + out.len() / frame_bytes` in scan order into
-    /// `out`, reading the scan rows that hold them.
+    /// `out`, read as boxes of the array that are contiguous there (a part
+    /// of one scan row, or whole rows), so that nothing beyond the window
+    /// is held whatever a scan row's size.
     pub fn read_frames(&self, first: usize, out: &mut [u8]) -> Result<(), ZarrError> {
         let [_, columns, dr, dc] = self.shape;
         let frame_bytes = dr * dc * self.dtype.size();
-        let count = out.len() / frame_bytes.max(1);
-        if count == 0 {
+        if frame_bytes == 0 || columns == 0 {
             return Ok(());
         }
-        let rows = first / columns..(first + count).div_ceil(columns);
-        let band = self.read_rows(rows.clone())?;
-        let from = (first - rows.start * columns) * frame_bytes;
-        out.copy_from_slice(&band[from..from + out.len()]);
+        let end = first + out.len() / frame_bytes;
+        let (mut frame, mut at) = (first, 0);
+        while frame < end {
+            let (row, column) = (frame / columns, frame % columns);
+            let (rows, cols) = if column > 0 || end - frame < columns {
+                (row..row + 1, column..columns.min(column + end - frame))
+            } else {
+                (row..row + (end - frame) / columns, 0..columns)
+            };
+            let n = rows.len() * cols.len();
+            self.read_box(rows, cols, &mut out[at..at + n * frame_bytes])?;
+            (frame, at) = (frame + n, at + n * frame_bytes);
+        }
         Ok(())
     }
 
-    /// Frames of scan rows `rows`, in C order, little-endian. A missing
-    /// chunk reads as the fill value, as the Zarr specification says; a
-    /// chunk that cannot be decoded is an error naming it.
-    pub fn read_rows(&self, rows: Range<usize>) -> Result<Vec<u8>, ZarrError> {
-        let [_, columns, dr, dc] = self.shape;
+    /// The frames of scan rows `rows` × columns `cols` into `out`, in C
+    /// order, little-endian. A missing chunk reads as the fill value, as
+    /// the Zarr specification says; a chunk that cannot be decoded is an
+    /// error naming it.
+    fn read_box(
+        &self,
+        rows: Range<usize>,
+        cols: Range<usize>,
+        out: &mut [u8],
+    ) -> Result<(), ZarrError> {
+        let [_, _, dr, dc] = self.shape;
         let band = ArraySubset::new_with_ranges(&[
             rows.start as u64..rows.end as u64,
-            0..columns as u64,
+            cols.start as u64..cols.end as u64,
             0..dr as u64,
             0..dc as u64,
         ]);
         let element = self.dtype.size();
-        let band_shape = [rows.len(), columns, dr, dc];
-        let mut out = vec![0u8; rows.len() * columns * dr * dc * element];
+        let band_shape = [rows.len(), cols.len(), dr, dc];
         let chunks = self
             .array
             .chunks_in_array_subset(&band)
@@ -708,18 +716,18 @@ impl ZarrSource {
             copy_box(
                 &bytes,
                 part.shape_usize().as_slice(),
-                &mut out,
+                out,
                 &band_shape,
                 &[
                     part.start()[0] as usize - rows.start,
-                    part.start()[1] as usize,
+                    part.start()[1] as usize - cols.start,
                     part.start()[2] as usize,
                     part.start()[3] as usize,
                 ],
                 element,
             );
         }
-        Ok(out)
+        Ok(())
     }
 }
 
