@@ -36,6 +36,11 @@ fn bash_completes_subcommands_and_mount_flags() {
     assert_eq!(offered.lines().collect::<Vec<_>>(), ["mount"], "{offered}");
     let offered = bash_completes(&script, &["qemfs", "mount", "--cache"]);
     assert!(offered.lines().any(|l| l == "--cache-size"), "{offered}");
+    // The detached daemon's entry point is internal and hidden from help.
+    let offered = bash_completes(&script, &["qemfs", "''"]);
+    let offered: Vec<_> = offered.lines().collect();
+    assert!(offered.contains(&"unmount"), "{offered:?}");
+    assert!(!offered.contains(&"daemon"), "{offered:?}");
 }
 
 #[test]
