@@ -24,6 +24,11 @@ Examples:
   qem ls scan.qem virtual
   qem cat scan.qem virtual/sum.npy > sum.npy
 
+Memory: whatever size a file declares, validate, hash, cat and convert hold
+at most about 256 MiB of decoded frames per file, plus 20 bytes per detector
+pixel: a block that decodes to more than 64 MiB is decoded in windows.
+Files given together are worked on in parallel, one per core.
+
 Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
 
 #[derive(Debug, Parser)]

@@ -38,6 +38,11 @@ Examples:
   qemfs mount scan.qem /mnt/scan            # one file: its folder at /mnt/scan
   qemfs mount --allow-other -o noatime data/ /mnt/qem
 
+Memory: decoded blocks, the windows of blocks too large to decode at once,
+and derived files (virtual images, digests, JSON) share the one
+--cache-size budget and are evicted least recently used first, so memory
+does not follow the sizes a file declares.
+
 Exit status: 0 mounted / unmounted, 2 error.";
 
 #[derive(Debug, Parser)]
