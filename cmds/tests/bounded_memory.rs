@@ -130,3 +130,38 @@ fn a_huge_block_is_validated_hashed_converted_and_read_within_2_gib() {
     let header_nonzero = head[..header_len].iter().filter(|&&x| x != 0).count();
     assert_eq!(nonzero, header_nonzero);
 }
+
+/// `qem ls` pages through a folder as the mount's readdir does: `frames/`
+/// of a 10 M-row scan is listed under the same limit, at a peak RSS of
+/// 165 MB. Listed whole it peaked at 1.95 GB and aborted under the limit.
+#[test]
+fn a_huge_frames_folder_is_listed_within_the_limit() {
+    use qemfs::qem::write::encode_to_vec;
+    const ROWS: usize = 10_000_000;
+    let shape = [ROWS as u64, 1, 1, 2];
+    let spec = WriteSpec::counts(
+        shape,
+        CountDtype::U8,
+        scientific_metadata(shape, &Calibration::default()).unwrap(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tall.qem");
+    std::fs::write(&path, encode_to_vec(spec, &vec![0u8; ROWS * 2]).unwrap()).unwrap();
+    if let Ok(keep) = std::env::var("QEMFS_KEEP_TALL") {
+        std::fs::copy(&path, keep).unwrap();
+    }
+    let (mut lines, mut last) = (0usize, Vec::new());
+    let (ok, err) = limited(&["ls", path.to_str().unwrap(), "frames"], |b| {
+        lines += b.iter().filter(|&&c| c == b'\n').count();
+        last.extend_from_slice(b);
+        let keep = last.len().saturating_sub(64);
+        last.drain(..keep);
+    });
+    assert!(ok, "ls: {err}");
+    assert_eq!(lines, ROWS);
+    assert!(
+        last.ends_with(b"9999999/\n"),
+        "{}",
+        String::from_utf8_lossy(&last)
+    );
+}

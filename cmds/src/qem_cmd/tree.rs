@@ -36,6 +36,9 @@ fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
     Tree::new(".", &options)
 }
 
+/// Entries listed at a time by `qem ls`.
+const LS_PAGE: usize = 4096;
+
 pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
     let tree = tree(&args.detectors, &args.gpu);
     let path = args.path.as_deref().unwrap_or("");
@@ -50,21 +53,29 @@ pub fn ls(args: &LsArgs) -> Result<u8, Failure> {
             }
         }
         _ => {
-            for (name, attr) in tree.list(&node).map_err(Failure::plain)? {
-                let name = if attr.is_dir {
-                    format!("{name}/")
-                } else {
-                    name
-                };
-                if args.long {
-                    let size = if attr.is_dir {
-                        "-".to_string()
+            // Page by page, as the mount's readdir does: `frames/` of a
+            // 16.7 M-row scan is never made whole.
+            let mut start = 0;
+            loop {
+                let page = tree
+                    .list_range(&node, start..start + LS_PAGE)
+                    .map_err(Failure::plain)?;
+                if page.is_empty() {
+                    break;
+                }
+                start += page.len();
+                for (name, attr) in page {
+                    let slash = if attr.is_dir { "/" } else { "" };
+                    if args.long {
+                        let size = if attr.is_dir {
+                            "-".to_string()
+                        } else {
+                            attr.size.to_string()
+                        };
+                        writeln!(out, "{size:>14}  {name}{slash}")?;
                     } else {
-                        attr.size.to_string()
-                    };
-                    writeln!(out, "{size:>14}  {name}")?;
-                } else {
-                    writeln!(out, "{name}")?;
+                        writeln!(out, "{name}{slash}")?;
+                    }
                 }
             }
         }
