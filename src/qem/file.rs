@@ -19,7 +19,7 @@ use super::checksum::{hex, BodyIntegrity};
 use super::envelope::Envelope;
 use super::error::{QemError, Result, StreamFault, StreamSite};
 use super::header::{Codec, Dtype, Header, ValidMask};
-use super::json::parse_strict;
+use super::json::{for_each_element, parse_strict, parse_strict_leaving_out};
 use super::layout::{BlockInfo, Chunk, Layout, SpatialArrays};
 use super::metadata::ScientificMetadata;
 use super::scaled::IntensityCalibration;
@@ -174,14 +174,16 @@ impl QemFile {
     fn from_source(source: Source) -> Result<Self> {
         let file = source.bytes();
         let envelope = Envelope::parse(file)?;
-        let value = parse_strict(&file[super::envelope::ENVELOPE_BYTES..envelope.body_start])?;
-        // Only the typed parts of the header are kept: the parsed tree of a
-        // large scan's header (megabytes of chunk table) is many times its
-        // text, and the text stays in the file (`header_object`).
+        let text = &file[super::envelope::ENVELOPE_BYTES..envelope.body_start];
+        // Only the typed parts of the header are kept, and the chunk table
+        // (megabytes of text for a large scan, its parsed tree many times
+        // that) is never parsed whole: it is checked with the rest, then
+        // read entry by entry. The text stays in the file (`header_object`).
+        let value = parse_strict_leaving_out(text, "chunks")?;
         let header = Header::from_value(&value, file.len() as u64, envelope.header_len as u64)?;
-        let integrity = BodyIntegrity::new(&header.sha256, file.len() - envelope.body_start)?;
-        let layout = Layout::parse(&header, &value)?;
         drop(value);
+        let integrity = BodyIntegrity::new(&header.sha256, file.len() - envelope.body_start)?;
+        let layout = Layout::read(&header, |each| for_each_element(text, "chunks", each))?;
         let n = layout.chunks.len();
         let blocks = layout.blocks.len();
         Ok(QemFile {

@@ -154,17 +154,24 @@ impl Cursor {
     }
 }
 
-impl Layout {
-    /// `raw`: the header object `header` was checked from.
-    pub fn parse(header: &Header, raw: &Value) -> Result<Self, QemError> {
-        let list = raw
-            .get("chunks")
-            .and_then(Value::as_array)
-            .filter(|l| !l.is_empty())
-            .ok_or_else(|| QemError::layout(None, "chunks must be a non-empty list"))?;
+/// The chunk table as it is read: the running body cursor and frame count.
+struct Builder<'h> {
+    header: &'h Header,
+    body: usize,
+    frames: usize,
+    pixels: usize,
+    fields: usize,
+    elem: usize,
+    cursor: Cursor,
+    next_frame: usize,
+    chunks: Vec<Chunk>,
+    blocks: Vec<BlockInfo>,
+}
+
+impl<'h> Builder<'h> {
+    fn new(header: &'h Header) -> Result<Self, QemError> {
         let body = usize::try_from(header.bytes)
             .map_err(|_| QemError::layout(None, "body too large for this machine"))?;
-        let frames = header.frames();
         let pixels = header.pixels();
         let fields = if header.codec == Codec::Integer {
             spatial_fields(header.shape[2] as usize, header.shape[3] as usize)
@@ -177,190 +184,224 @@ impl Layout {
                 "float frame exceeds the 32 MiB decode budget",
             ));
         }
-        let elem = header.decoded_dtype().size();
-        let mut cursor = Cursor {
-            at: 0,
+        Ok(Builder {
+            header,
             body,
-            fault: if header.codec == Codec::Float {
-                "invalid float array bounds"
-            } else {
-                "invalid array span"
+            frames: header.frames(),
+            pixels,
+            fields,
+            elem: header.decoded_dtype().size(),
+            cursor: Cursor {
+                at: 0,
+                body,
+                fault: if header.codec == Codec::Float {
+                    "invalid float array bounds"
+                } else {
+                    "invalid array span"
+                },
             },
-        };
-        let mut next_frame = 0usize;
-        let mut chunks = Vec::with_capacity(list.len());
-        let mut blocks = Vec::new();
-        for (c, v) in list.iter().enumerate() {
-            let o = v
-                .as_object()
-                .ok_or_else(|| QemError::layout(Some(c), "chunk entry is not an object"))?;
-            let first = member(o, "first", c)?;
-            let scans = member(o, "scans", c)?;
-            if first != next_frame || scans == 0 || scans > frames - next_frame {
-                return Err(QemError::layout(
-                    Some(c),
-                    format!("invalid chunk scan coverage: first {first}, scans {scans}, expected first {next_frame} within {frames} frames"),
-                ));
-            }
-            next_frame += scans;
-            let first_block = blocks.len();
-            let chunk = match header.codec {
-                Codec::Float => {
-                    let max_scans = INTERVAL.min(8_388_608 / pixels);
-                    if scans > max_scans {
-                        return Err(QemError::layout(
-                            Some(c),
-                            format!("{scans} scans exceed the float chunk bound {max_scans}"),
-                        ));
-                    }
-                    let span = |name: &str| -> Result<(usize, usize), QemError> {
-                        let off = member(o, &format!("{name}_offset"), c)?;
-                        let len = member(o, &format!("{name}_bytes"), c)?;
-                        if len == 0 {
-                            return Err(QemError::layout(
-                                Some(c),
-                                format!("invalid float array bounds: {name}_bytes is 0"),
-                            ));
-                        }
-                        Ok((off, len))
-                    };
-                    let (po, pl) = span("payload")?;
-                    let (oo, ol) = span("offset")?;
-                    let (mo, ml) = span("model")?;
-                    let lanes = 2 * pixels;
-                    if ol != 4 * (lanes + 1) || ml != lanes {
-                        return Err(QemError::layout(
-                            Some(c),
-                            format!("invalid float array bounds: offset_bytes {ol} / model_bytes {ml}, expected {} / {lanes}", 4 * (lanes + 1)),
-                        ));
-                    }
-                    let payload = cursor.take(c, "payload", po, Some(pl), false)?;
-                    let offsets = cursor.take(c, "offsets", oo, Some(ol), false)?;
-                    let selectors = cursor.take(c, "models", mo, Some(ml), false)?;
-                    Chunk {
-                        first,
-                        scans,
-                        region: None,
-                        payload,
-                        offsets,
-                        selectors,
-                        spatial: None,
-                        first_block,
-                        blocks: 1,
-                    }
-                }
-                Codec::Integer | Codec::Scaled => {
-                    let b = scans.div_ceil(INTERVAL);
-                    let streams = b as u128 * pixels as u128;
-                    if streams * (2 * scans.min(INTERVAL) as u128 + 4) >= 1u128 << 32 {
-                        return Err(QemError::layout(
-                            Some(c),
-                            "chunk offsets exceed the codec's uint32 range",
-                        ));
-                    }
-                    let streams = streams as usize;
-                    let n_arrays = if header.codec == Codec::Integer { 6 } else { 3 };
-                    let arrays = o
-                        .get("arrays")
-                        .and_then(Value::as_array)
-                        .filter(|a| a.len() == n_arrays)
-                        .ok_or_else(|| {
-                            QemError::layout(
-                                Some(c),
-                                format!("incomplete chunk arrays: exactly {n_arrays} required"),
-                            )
-                        })?;
-                    let mut spans = Vec::with_capacity(n_arrays);
-                    for (k, a) in arrays.iter().enumerate() {
-                        let ao = a.as_object().ok_or_else(|| {
-                            QemError::layout(Some(c), format!("array {k} is not an object"))
-                        })?;
-                        spans.push((member(ao, "offset", c)?, member(ao, "count", c)?));
-                    }
-                    let bf = b * fields;
-                    let expected_counts: [Option<usize>; 6] = [
-                        None,
-                        Some(streams + 1),
-                        Some(streams),
-                        None,
-                        Some(bf + 1),
-                        Some(bf),
-                    ];
-                    let elem_size = [1usize, 4, 1, 4, 8, 1];
-                    let mut ranges = Vec::with_capacity(n_arrays);
-                    for (k, &(off, count)) in spans.iter().enumerate() {
-                        if let Some(want) = expected_counts[k] {
-                            if count != want {
-                                return Err(QemError::layout(
-                                    Some(c),
-                                    format!("invalid array span: array {k} has {count} elements, {want} expected"),
-                                ));
-                            }
-                        }
-                        ranges.push(cursor.take(
-                            c,
-                            &format!("array {k}"),
-                            off,
-                            count.checked_mul(elem_size[k]),
-                            true,
-                        )?);
-                    }
-                    let region = if header.codec == Codec::Scaled {
-                        let r = member(o, "region", c)?;
-                        let cal = header
-                            .intensity_calibration
-                            .as_ref()
-                            .ok_or_else(|| QemError::layout(Some(c), "no calibration regions"))?;
-                        let ok = cal.regions.get(r).is_some_and(|reg| {
-                            reg.first_frame <= first && first + scans <= reg.stop_frame
-                        });
-                        if !ok {
-                            return Err(QemError::layout(
-                                Some(c),
-                                format!("invalid scaled chunk coverage: region {r} does not contain frames {first}..{}", first + scans),
-                            ));
-                        }
-                        Some(r)
-                    } else {
-                        None
-                    };
-                    let spatial = (header.codec == Codec::Integer).then(|| SpatialArrays {
-                        words: ranges[3].clone(),
-                        word_offsets: ranges[4].clone(),
-                        widths: ranges[5].clone(),
-                    });
-                    Chunk {
-                        first,
-                        scans,
-                        region,
-                        payload: ranges[0].clone(),
-                        offsets: ranges[1].clone(),
-                        selectors: ranges[2].clone(),
-                        spatial,
-                        first_block,
-                        blocks: b,
-                    }
-                }
-            };
-            let per_block = if header.codec == Codec::Float {
-                scans
-            } else {
-                INTERVAL
-            };
-            for k in 0..chunk.blocks {
-                let start = k * per_block;
-                let m = per_block.min(scans - start);
-                blocks.push(BlockInfo {
-                    index: blocks.len(),
-                    chunk: c,
-                    block_in_chunk: k,
-                    first_frame: first + start,
-                    frames: m,
-                    decoded_bytes: m * pixels * elem,
-                });
-            }
-            chunks.push(chunk);
+            next_frame: 0,
+            chunks: Vec::new(),
+            blocks: Vec::new(),
+        })
+    }
+
+    /// Checks chunk entry `c` against the ones before it.
+    fn chunk(&mut self, c: usize, v: &Value) -> Result<(), QemError> {
+        let (header, frames, pixels, fields, elem) = (
+            self.header,
+            self.frames,
+            self.pixels,
+            self.fields,
+            self.elem,
+        );
+        let next_frame = self.next_frame;
+        let cursor = &mut self.cursor;
+        let blocks = &mut self.blocks;
+        let o = v
+            .as_object()
+            .ok_or_else(|| QemError::layout(Some(c), "chunk entry is not an object"))?;
+        let first = member(o, "first", c)?;
+        let scans = member(o, "scans", c)?;
+        if first != next_frame || scans == 0 || scans > frames - next_frame {
+            return Err(QemError::layout(
+                Some(c),
+                format!("invalid chunk scan coverage: first {first}, scans {scans}, expected first {next_frame} within {frames} frames"),
+            ));
         }
+        self.next_frame += scans;
+        let first_block = blocks.len();
+        let chunk = match header.codec {
+            Codec::Float => {
+                let max_scans = INTERVAL.min(8_388_608 / pixels);
+                if scans > max_scans {
+                    return Err(QemError::layout(
+                        Some(c),
+                        format!("{scans} scans exceed the float chunk bound {max_scans}"),
+                    ));
+                }
+                let span = |name: &str| -> Result<(usize, usize), QemError> {
+                    let off = member(o, &format!("{name}_offset"), c)?;
+                    let len = member(o, &format!("{name}_bytes"), c)?;
+                    if len == 0 {
+                        return Err(QemError::layout(
+                            Some(c),
+                            format!("invalid float array bounds: {name}_bytes is 0"),
+                        ));
+                    }
+                    Ok((off, len))
+                };
+                let (po, pl) = span("payload")?;
+                let (oo, ol) = span("offset")?;
+                let (mo, ml) = span("model")?;
+                let lanes = 2 * pixels;
+                if ol != 4 * (lanes + 1) || ml != lanes {
+                    return Err(QemError::layout(
+                        Some(c),
+                        format!("invalid float array bounds: offset_bytes {ol} / model_bytes {ml}, expected {} / {lanes}", 4 * (lanes + 1)),
+                    ));
+                }
+                let payload = cursor.take(c, "payload", po, Some(pl), false)?;
+                let offsets = cursor.take(c, "offsets", oo, Some(ol), false)?;
+                let selectors = cursor.take(c, "models", mo, Some(ml), false)?;
+                Chunk {
+                    first,
+                    scans,
+                    region: None,
+                    payload,
+                    offsets,
+                    selectors,
+                    spatial: None,
+                    first_block,
+                    blocks: 1,
+                }
+            }
+            Codec::Integer | Codec::Scaled => {
+                let b = scans.div_ceil(INTERVAL);
+                let streams = b as u128 * pixels as u128;
+                if streams * (2 * scans.min(INTERVAL) as u128 + 4) >= 1u128 << 32 {
+                    return Err(QemError::layout(
+                        Some(c),
+                        "chunk offsets exceed the codec's uint32 range",
+                    ));
+                }
+                let streams = streams as usize;
+                let n_arrays = if header.codec == Codec::Integer { 6 } else { 3 };
+                let arrays = o
+                    .get("arrays")
+                    .and_then(Value::as_array)
+                    .filter(|a| a.len() == n_arrays)
+                    .ok_or_else(|| {
+                        QemError::layout(
+                            Some(c),
+                            format!("incomplete chunk arrays: exactly {n_arrays} required"),
+                        )
+                    })?;
+                let mut spans = Vec::with_capacity(n_arrays);
+                for (k, a) in arrays.iter().enumerate() {
+                    let ao = a.as_object().ok_or_else(|| {
+                        QemError::layout(Some(c), format!("array {k} is not an object"))
+                    })?;
+                    spans.push((member(ao, "offset", c)?, member(ao, "count", c)?));
+                }
+                let bf = b * fields;
+                let expected_counts: [Option<usize>; 6] = [
+                    None,
+                    Some(streams + 1),
+                    Some(streams),
+                    None,
+                    Some(bf + 1),
+                    Some(bf),
+                ];
+                let elem_size = [1usize, 4, 1, 4, 8, 1];
+                let mut ranges = Vec::with_capacity(n_arrays);
+                for (k, &(off, count)) in spans.iter().enumerate() {
+                    if let Some(want) = expected_counts[k] {
+                        if count != want {
+                            return Err(QemError::layout(
+                                Some(c),
+                                format!("invalid array span: array {k} has {count} elements, {want} expected"),
+                            ));
+                        }
+                    }
+                    ranges.push(cursor.take(
+                        c,
+                        &format!("array {k}"),
+                        off,
+                        count.checked_mul(elem_size[k]),
+                        true,
+                    )?);
+                }
+                let region = if header.codec == Codec::Scaled {
+                    let r = member(o, "region", c)?;
+                    let cal = header
+                        .intensity_calibration
+                        .as_ref()
+                        .ok_or_else(|| QemError::layout(Some(c), "no calibration regions"))?;
+                    let ok = cal.regions.get(r).is_some_and(|reg| {
+                        reg.first_frame <= first && first + scans <= reg.stop_frame
+                    });
+                    if !ok {
+                        return Err(QemError::layout(
+                            Some(c),
+                            format!("invalid scaled chunk coverage: region {r} does not contain frames {first}..{}", first + scans),
+                        ));
+                    }
+                    Some(r)
+                } else {
+                    None
+                };
+                let spatial = (header.codec == Codec::Integer).then(|| SpatialArrays {
+                    words: ranges[3].clone(),
+                    word_offsets: ranges[4].clone(),
+                    widths: ranges[5].clone(),
+                });
+                Chunk {
+                    first,
+                    scans,
+                    region,
+                    payload: ranges[0].clone(),
+                    offsets: ranges[1].clone(),
+                    selectors: ranges[2].clone(),
+                    spatial,
+                    first_block,
+                    blocks: b,
+                }
+            }
+        };
+        let per_block = if header.codec == Codec::Float {
+            scans
+        } else {
+            INTERVAL
+        };
+        for k in 0..chunk.blocks {
+            let start = k * per_block;
+            let m = per_block.min(scans - start);
+            blocks.push(BlockInfo {
+                index: blocks.len(),
+                chunk: c,
+                block_in_chunk: k,
+                first_frame: first + start,
+                frames: m,
+                decoded_bytes: m * pixels * elem,
+            });
+        }
+        self.chunks.push(chunk);
+        Ok(())
+    }
+
+    /// Checks that the chunks cover every frame and the whole body.
+    fn finish(self) -> Result<Layout, QemError> {
+        let Builder {
+            frames,
+            body,
+            fields,
+            cursor,
+            next_frame,
+            chunks,
+            blocks,
+            ..
+        } = self;
         if next_frame != frames {
             return Err(QemError::layout(
                 None,
@@ -383,6 +424,32 @@ impl Layout {
             blocks,
             fields,
         })
+    }
+}
+
+impl Layout {
+    /// Reads the chunk table. `walk` hands each entry to its argument, in
+    /// order, and returns how many there were (`None`: absent or not a
+    /// list), so the table is checked entry by entry as it is read and its
+    /// parsed text is never held whole.
+    pub fn read(
+        header: &Header,
+        walk: impl FnOnce(
+            &mut dyn FnMut(usize, Value) -> Result<(), QemError>,
+        ) -> Result<Option<usize>, QemError>,
+    ) -> Result<Self, QemError> {
+        let mut building: Option<Builder<'_>> = None;
+        let listed = walk(&mut |c, v| {
+            let builder = match &mut building {
+                Some(b) => b,
+                empty => empty.insert(Builder::new(header)?),
+            };
+            builder.chunk(c, &v)
+        })?;
+        match (listed, building) {
+            (Some(n), Some(builder)) if n > 0 => builder.finish(),
+            _ => Err(QemError::layout(None, "chunks must be a non-empty list")),
+        }
     }
 
     /// The block holding global frame `f` (`f` < frames).
