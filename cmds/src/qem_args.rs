@@ -214,7 +214,9 @@ pub struct ConvertArgs {
     #[arg(long, value_parser = qemfs::convert::metadata::parse_detector_sampling, value_name = "SAMPLING")]
     pub detector_sampling: Option<([f64; 2], qemfs::qem::write::DetectorUnit)>,
     /// Scans per chunk of the written .qem (1 to 1024; float32 files hold
-    /// at most 512, fewer for detectors over 16384 pixels)
+    /// at most 512, fewer for detectors over 16384 pixels). A chunk's frames
+    /// are held in memory while it is written: at most 1 GiB of them
+    /// (default: 512 scans, fewer where they exceed 256 MiB)
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_CHUNK_SCANS))]
     pub chunk_scans: Option<u32>,
     /// Compression of a written .zarr store's chunks

@@ -93,6 +93,22 @@ fn a_huge_block_is_validated_hashed_converted_and_read_within_2_gib() {
     let (ok, err) = limited(&["hash", copy], |b| said.extend_from_slice(b));
     assert!(ok, "hash of the copy: {err}");
     assert_eq!(String::from_utf8_lossy(&said), format!("{want}  {copy}\n"));
+    // A chunk length chosen past the ceiling (512 of these frames: 4.28 GB
+    // held while the chunk is written) is refused up front, naming the
+    // most that fit, and nothing is written.
+    let wide = dir.path().join("wide.qem");
+    let (ok, err) = limited(
+        &[
+            "convert",
+            file,
+            wide.to_str().unwrap(),
+            "--chunk-scans",
+            "512",
+        ],
+        |_| {},
+    );
+    assert!(!ok && err.contains("at most 128 scans fit"), "{err}");
+    assert!(!wide.exists());
 
     // As a Zarr store, chunks written from bounded windows of the block,
     // and back: the same array.

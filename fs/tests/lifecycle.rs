@@ -11,54 +11,12 @@ use std::fs;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::Duration;
 
-use common::{can_mount, fixtures, is_mounted, qem, qemfs};
-
-fn run(cmd: &mut Command) -> Output {
-    cmd.output().unwrap()
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-fn mount(src: &Path, mnt: &Path, extra: &[&str]) -> Output {
-    run(Command::new(qemfs())
-        .arg("mount")
-        .arg(src)
-        .arg(mnt)
-        .args(extra))
-}
-
-fn unmount(mnt: &Path) -> Output {
-    run(Command::new(qemfs()).arg("unmount").arg(mnt))
-}
-
-fn daemon_pid(mnt: &Path) -> u32 {
-    let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
-    let name = CString::new("user.qemfs.pid").unwrap();
-    let mut buf = [0u8; 32];
-    // SAFETY: valid C strings, a buffer of the length given.
-    let n = unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 32) };
-    assert!(n > 0, "the mount names its daemon");
-    std::str::from_utf8(&buf[..n as usize])
-        .unwrap()
-        .parse()
-        .unwrap()
-}
-
-fn alive(pid: u32) -> bool {
-    fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
-        .unwrap_or(false)
-}
+use common::{
+    alive, can_mount, daemon_pid, fixtures, is_mounted, mount, qem, qemfs, run, text, unmount,
+};
 
 /// A folder with `src/` (one container, one text file) and an empty `mnt/`.
 struct Place {

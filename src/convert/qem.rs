@@ -15,6 +15,11 @@ use crate::qem::write::{
 
 /// Most frame bytes one chunk of a written `.qem` buffers (see [`QemSink::create`]).
 pub const CHUNK_BYTES: u64 = 256 << 20;
+
+/// Most frame bytes a chunk of a chosen `--chunk-scans` may buffer: a
+/// chunk's pixel streams each run through all its frames, so the writer
+/// holds them all.
+pub const MAX_CHUNK_BYTES: u64 = 4 * CHUNK_BYTES;
 use crate::qem::{BlockCursor, Codec, Dtype, LogicalDigest, QemFile};
 
 pub struct QemSource {
@@ -272,6 +277,17 @@ impl QemSink {
         spec.content = d.content.clone();
         spec.extra = d.extra.clone();
         match options.chunk_scans {
+            Some(n) if n.saturating_mul(d.frame_bytes() as u64) > MAX_CHUNK_BYTES => {
+                return Err(ConvertError::input(
+                    path,
+                    format!(
+                        "--chunk-scans {n}: a chunk of {n} frames of {} bytes is held in memory while it is written, more than the {} MiB ceiling; at most {} scans fit",
+                        d.frame_bytes(),
+                        MAX_CHUNK_BYTES >> 20,
+                        (MAX_CHUNK_BYTES / d.frame_bytes().max(1) as u64).max(1)
+                    ),
+                ));
+            }
             Some(n) => spec = spec.with_chunk_scans(n),
             // The writer buffers a whole chunk: for large detectors the
             // default 512 scans would cost gigabytes, so the chunk is

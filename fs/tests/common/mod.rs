@@ -2,8 +2,11 @@
 //! binaries and fixtures are, and the mount table.
 #![allow(dead_code)] // each test file uses its own part
 
+use std::ffi::CString;
 use std::fs;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
 pub fn can_mount() -> bool {
     // SAFETY: geteuid cannot fail.
@@ -33,4 +36,48 @@ pub fn is_mounted(path: &Path) -> bool {
     let p = path.to_string_lossy().to_string();
     info.lines()
         .any(|l| l.split(' ').nth(4) == Some(p.as_str()))
+}
+
+pub fn run(cmd: &mut Command) -> Output {
+    cmd.output().unwrap()
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+pub fn mount(src: &Path, mnt: &Path, extra: &[&str]) -> Output {
+    run(Command::new(qemfs())
+        .arg("mount")
+        .arg(src)
+        .arg(mnt)
+        .args(extra))
+}
+
+pub fn unmount(mnt: &Path) -> Output {
+    run(Command::new(qemfs()).arg("unmount").arg(mnt))
+}
+
+pub fn daemon_pid(mnt: &Path) -> u32 {
+    let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
+    let name = CString::new("user.qemfs.pid").unwrap();
+    let mut buf = [0u8; 32];
+    // SAFETY: valid C strings, a buffer of the length given.
+    let n = unsafe { libc::getxattr(c.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), 32) };
+    assert!(n > 0, "the mount names its daemon");
+    std::str::from_utf8(&buf[..n as usize])
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+pub fn alive(pid: u32) -> bool {
+    fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
+        .unwrap_or(false)
 }
