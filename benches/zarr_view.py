@@ -67,6 +67,12 @@ class Mount:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    def cpu_s(self) -> float:
+        """The daemon's CPU time so far (user + system): steadier than wall
+        time on shared cores."""
+        fields = open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def close(self):
         subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
         shutil.rmtree(self.mnt, ignore_errors=True)
@@ -103,14 +109,17 @@ def main():
             try:
                 chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
                 halves = [chunks[0::2], chunks[1::2]]
+                cpu = m.cpu_s()
                 t = time.perf_counter()
                 with Pool(2) as pool:
                     n = sum(pool.map(read_files, halves))
                 s = time.perf_counter() - t
+                cpu = m.cpu_s() - cpu
                 chunks_s = s
                 print(f"every data.zarr chunk through the mount, 2 processes: {s:.3f} s, "
                       f"{n / s / 1e6:.0f} MB/s ({cat_s / s * 100:.0f}% of qem cat's rate), "
-                      f"{len(chunks)} chunks; daemon peak RSS {m.hwm_mib():.0f} MiB")
+                      f"{len(chunks)} chunks; daemon CPU {cpu:.2f} s, "
+                      f"peak RSS {m.hwm_mib():.0f} MiB")
             finally:
                 m.close()
 
@@ -132,9 +141,11 @@ def main():
                         array = zarr.open_array(str(m.mnt / "scan.qem" / "data.zarr" / "data"),
                                                 mode="r", zarr_format=3)
                         data = da.from_zarr(array)
+                        cpu = m.cpu_s()
                         t = time.perf_counter()
                         total = data.sum(axis=(2, 3), dtype=np.uint64).compute()
                         s = time.perf_counter() - t
+                        cpu = m.cpu_s() - cpu
                         assert total.shape == (args.scan, args.scan)
                         if first is None:
                             first = s
@@ -142,7 +153,7 @@ def main():
                         print(f"Dask sum over the detector, 2 worker processes, cold blocks: "
                               f"{s:.3f} s ({s / cat_s:.2f}x the qem cat time, {s / chunks_s:.2f}x "
                               f"the chunk read; the fresh cluster's first computation {first:.3f} s); "
-                              f"daemon peak RSS {m.hwm_mib():.0f} MiB "
+                              f"daemon CPU {cpu:.2f} s, peak RSS {m.hwm_mib():.0f} MiB "
                               f"(cache budget {args.cache_size} MiB)")
                     finally:
                         m.close()

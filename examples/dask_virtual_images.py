@@ -26,7 +26,17 @@ as .npy files to --out, and with --check compares them with the mount's own
 `virtual/sum.npy`, `virtual/bf.npy` and `virtual/mean_dp.npy` (exit 1 when
 they differ). A pixel belongs to the disk when its centre (integer row,
 column) is within the radius, edge included, as in `detectors.json`.
-Without a mount, point it at a copy of `data.zarr` (with --center/--radius).
+Without a mount (a cluster node, a container without /dev/fuse), convert
+the file to a Zarr store once, where FUSE is available or not, and point the
+example at the store, with the bright-field disk from `qem cat`:
+
+    qem convert scan.qem scan.zarr --zarr-shard-mib 64
+    qem cat scan.qem virtual/detectors.json > detectors.json
+    python3 examples/dask_virtual_images.py scan.zarr --detectors detectors.json
+
+(or --center/--radius). A copy of a mount's `data.zarr` works the same way.
+Dask's unit of work is one Zarr chunk, or one shard for a sharded store: a
+worker then reads a shard's file once instead of once per inner chunk.
 """
 
 import argparse
@@ -50,7 +60,8 @@ def disk_mask(shape, center, radius):
 def compute(zarr_path: Path, center, radius):
     group = zarr.open_group(str(zarr_path), mode="r", zarr_format=3)
     source = group["data"]
-    data = da.from_zarr(source)
+    # A sharded store is read shard by shard: one task per file.
+    data = da.from_zarr(source, chunks=source.shards or source.chunks)
     detector = source.shape[2:]
     valid = np.asarray(group["mask"][:]) if "mask" in group else np.ones(detector, bool)
     integer = np.issubdtype(source.dtype, np.integer)
@@ -89,20 +100,24 @@ def main() -> int:
     where.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
     p.add_argument("--center", type=float, nargs=2, metavar=("ROW", "COLUMN"))
     p.add_argument("--radius", type=float)
+    p.add_argument("--detectors", type=Path, metavar="JSON",
+                   help="take the disk from this detectors.json "
+                        "(`qem cat FILE virtual/detectors.json`) when PATH is a store")
     p.add_argument("--out", type=Path, help="write sum.npy, bf.npy, mean_dp.npy here")
     p.add_argument("--check", action="store_true", help="compare with the mount's virtual/ images")
     args = p.parse_args()
 
     container = args.path if (args.path / "data.zarr").is_dir() else None
     zarr_path = container / "data.zarr" if container else args.path
-    if args.center is None or args.radius is None:
-        if container is None:
-            p.error("give --center and --radius when PATH is not a mounted container")
-        geometry = json.loads((container / "virtual" / "detectors.json").read_text())
-        center = args.center or geometry["center"]
-        radius = args.radius if args.radius is not None else geometry["bright_field_radius"]
-    else:
-        center, radius = args.center, args.radius
+    center, radius = args.center, args.radius
+    if center is None or radius is None:
+        geometry_file = args.detectors or (container / "virtual" / "detectors.json"
+                                           if container else None)
+        if geometry_file is None:
+            p.error("give --detectors, or --center and --radius, when PATH is not a mounted container")
+        geometry = json.loads(geometry_file.read_text())
+        center = center or geometry["center"]
+        radius = radius if radius is not None else geometry["bright_field_radius"]
     if args.check and container is None:
         p.error("--check needs a mounted container")
 

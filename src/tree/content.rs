@@ -20,6 +20,14 @@ pub trait Content: Send + Sync {
     /// read, 0 at or past the end.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError>;
 
+    /// The `len` bytes at `offset` as a piece of a buffer this content
+    /// already holds (a cached decoded block), when they all lie in one:
+    /// a read is then answered from it without a copy. `None` sends the
+    /// read to `read_at`.
+    fn shared_at(&self, _offset: u64, _len: usize) -> Result<Option<Shared>, TreeError> {
+        Ok(None)
+    }
+
     /// A source file served as it is (keeps its execute bits).
     fn is_passthrough(&self) -> bool {
         false
@@ -30,6 +38,28 @@ pub trait Content: Send + Sync {
     /// opened even if another is renamed over it before the first read.
     fn pin(&self) -> Result<(), TreeError> {
         Ok(())
+    }
+}
+
+/// A range of a buffer held elsewhere (the cache), kept alive while read.
+pub struct Shared {
+    bytes: Arc<Vec<u8>>,
+    range: std::ops::Range<usize>,
+}
+
+impl Shared {
+    /// `bytes[range]`; `None` when the range is not inside `bytes`.
+    pub fn new(bytes: Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Option<Shared> {
+        bytes.get(range.clone())?;
+        Some(Shared { bytes, range })
+    }
+}
+
+impl std::ops::Deref for Shared {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[self.range.clone()]
     }
 }
 

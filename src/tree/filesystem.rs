@@ -20,6 +20,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use super::content::Shared;
 use super::{Attr, Content, Node, Tree, TreeError};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
@@ -257,10 +258,17 @@ pub struct OpenFile {
 
 impl OpenFile {
     /// The bytes `[offset, offset + size)`, clamped to the file's size.
-    pub fn read(&self, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+    pub fn read(&self, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
         let content = &self.content;
         let end = content.size().min(offset.saturating_add(u64::from(size)));
         let len = end.saturating_sub(offset) as usize;
+        if len > 0 {
+            if let Some(shared) = content.shared_at(offset, len)? {
+                if shared.len() == len {
+                    return Ok(ReadBytes::Shared(shared));
+                }
+            }
+        }
         let mut buffer = vec![0u8; len];
         let mut done = 0;
         while done < len {
@@ -270,7 +278,25 @@ impl OpenFile {
             }
         }
         buffer.truncate(done);
-        Ok(buffer)
+        Ok(ReadBytes::Owned(buffer))
+    }
+}
+
+/// What a read returns: bytes of its own, or a piece of a cached block
+/// (no copy made for the reply).
+pub enum ReadBytes {
+    Owned(Vec<u8>),
+    Shared(Shared),
+}
+
+impl std::ops::Deref for ReadBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            ReadBytes::Owned(v) => v,
+            ReadBytes::Shared(s) => s,
+        }
     }
 }
 

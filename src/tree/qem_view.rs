@@ -17,7 +17,7 @@ use crate::qem::{BlockCursor, BlockInfo, Codec, Dtype, LogicalDigest, QemFile, W
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
-use super::content::{copy_range, Content, Lazy, Passthrough};
+use super::content::{copy_range, Content, Lazy, Passthrough, Shared};
 use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
 use super::{virtual_dir, zarr_view};
 
@@ -238,48 +238,111 @@ impl QemView {
         buf: &mut [u8],
         codes: bool,
     ) -> Result<usize, TreeError> {
-        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
-        let total = frame_bytes * self.file.frames() as u64;
-        let logical = self.logical.as_ref().filter(|_| !codes);
-        if let (Some(_), Some(Err(e))) = (logical, self.file.logical_verdict()) {
-            return Err(self.decode_error(e));
-        }
+        let total = self.dense_bytes(codes);
+        self.check_logical_verdict(codes)?;
         let mut done = 0usize;
         while done < buf.len() && offset + (done as u64) < total {
             let at = offset + done as u64;
-            let frame = (at / frame_bytes) as usize;
-            let info = *self
-                .file
-                .block_of_frame(frame)
-                .map_err(|e| self.decode_error(e))?;
-            let (window, n) = self.window_of(&info, frame - info.first_frame);
-            let block = self.window(info.index, window, codes)?;
-            // Sequential reading: this window again, or the one after the
-            // last one read (counted in frames of the whole array).
-            let (start, end) = (info.first_frame + window, info.first_frame + window + n);
-            let previous = self.last_block.swap(end, Ordering::Relaxed);
-            if previous == end || previous == start {
-                self.prefetch(BlockKey {
-                    view: self.id,
-                    block: info.index,
-                    window,
-                    codes,
-                });
-            }
-            let window_start = start as u64 * frame_bytes;
-            done += copy_range(&block, at - window_start, &mut buf[done..]);
-            if let Some(Ok(mut digest)) = logical.map(Mutex::try_lock) {
-                digest
-                    .feed_window(&self.file, info.index, window..window + n, &block)
-                    .map_err(|e| self.decode_error(e))?;
-            }
+            let (block, within) = self.dense_window(at, codes)?;
+            done += copy_range(&block, within as u64, &mut buf[done..]);
         }
-        if let Some(digest) = logical {
-            if done > 0 && offset + done as u64 == total {
+        self.check_end(offset, done, codes)?;
+        Ok(done)
+    }
+
+    /// Decoded array bytes `[offset, offset + len)` as a piece of the one
+    /// cached window holding them all; `None` when they span two windows
+    /// or pass the end (the caller copies them with `read_dense`).
+    pub(super) fn shared_dense(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+        codes: bool,
+    ) -> Result<Option<Shared>, TreeError> {
+        if offset.saturating_add(len as u64) > self.dense_bytes(codes) {
+            return Ok(None);
+        }
+        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
+        let frame = (offset / frame_bytes) as usize;
+        let info = *self
+            .file
+            .block_of_frame(frame)
+            .map_err(|e| self.decode_error(e))?;
+        let (window, n) = self.window_of(&info, frame - info.first_frame);
+        let window_end = (info.first_frame + window + n) as u64 * frame_bytes;
+        if offset + len as u64 > window_end {
+            return Ok(None);
+        }
+        self.check_logical_verdict(codes)?;
+        let (block, within) = self.dense_window(offset, codes)?;
+        let shared = Shared::new(block, within..within + len)
+            .ok_or_else(|| TreeError::Internal("a window shorter than its frames".into()))?;
+        self.check_end(offset, len, codes)?;
+        Ok(Some(shared))
+    }
+
+    fn dense_bytes(&self, codes: bool) -> u64 {
+        (self.file.pixels() * self.element_size(codes)) as u64 * self.file.frames() as u64
+    }
+
+    fn check_logical_verdict(&self, codes: bool) -> Result<(), TreeError> {
+        if let (false, Some(_), Some(Err(e))) = (codes, &self.logical, self.file.logical_verdict())
+        {
+            return Err(self.decode_error(e));
+        }
+        Ok(())
+    }
+
+    /// A read of `done` bytes from `offset` that reached the end of the
+    /// decoded float array: see `check_logical`.
+    fn check_end(self: &Arc<Self>, offset: u64, done: usize, codes: bool) -> Result<(), TreeError> {
+        if let Some(digest) = self.logical.as_ref().filter(|_| !codes) {
+            if done > 0 && offset + done as u64 == self.dense_bytes(codes) {
                 self.check_logical(digest)?;
             }
         }
-        Ok(done)
+        Ok(())
+    }
+
+    /// The cached window holding decoded array byte `at`, and where `at`
+    /// lies in it. Spots sequential reading (asks for the next window)
+    /// and feeds the float array's digest.
+    fn dense_window(
+        self: &Arc<Self>,
+        at: u64,
+        codes: bool,
+    ) -> Result<(Arc<Vec<u8>>, usize), TreeError> {
+        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
+        let frame = (at / frame_bytes) as usize;
+        let info = *self
+            .file
+            .block_of_frame(frame)
+            .map_err(|e| self.decode_error(e))?;
+        let (window, n) = self.window_of(&info, frame - info.first_frame);
+        let block = self.window(info.index, window, codes)?;
+        // Sequential reading: this window again, or the one after the
+        // last one read (counted in frames of the whole array).
+        let (start, end) = (info.first_frame + window, info.first_frame + window + n);
+        let previous = self.last_block.swap(end, Ordering::Relaxed);
+        if previous == end || previous == start {
+            self.prefetch(BlockKey {
+                view: self.id,
+                block: info.index,
+                window,
+                codes,
+            });
+        }
+        if let Some(Ok(mut digest)) = self
+            .logical
+            .as_ref()
+            .filter(|_| !codes)
+            .map(Mutex::try_lock)
+        {
+            digest
+                .feed_window(&self.file, info.index, window..window + n, &block)
+                .map_err(|e| self.decode_error(e))?;
+        }
+        Ok((block, (at - start as u64 * frame_bytes) as usize))
     }
 
     /// A read reached the end of the decoded float array: the whole array

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::content::{copy_range, Bytes, Content, Windowed};
+use super::content::{copy_range, Bytes, Content, Shared, Windowed};
 use super::qem_view::QemView;
 use super::{Directory, Entry, StaticDir, TreeError};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -230,6 +230,32 @@ impl DenseChunk {
 impl Content for DenseChunk {
     fn size(&self) -> u64 {
         (self.shape[0] * self.shape[1]) as u64 * self.frame_bytes()
+    }
+
+    fn shared_at(&self, offset: u64, len: usize) -> Result<Option<Shared>, TreeError> {
+        let [rows, columns, ..] = self.view.file().shape();
+        let fb = self.frame_bytes();
+        let run = self.shape[1] as u64 * fb;
+        let (local_row, within) = (offset / run, offset % run);
+        let row = self.first[0] + local_row as usize;
+        if row >= rows {
+            return Ok(None);
+        }
+        // The bytes must exist in the array and be contiguous there: inside
+        // one chunk row, or across rows when the chunk spans whole scan
+        // rows. A chunk of whole blocks then reads straight from their
+        // cached windows.
+        let contiguous = if self.first[1] == 0 && self.shape[1] == columns {
+            rows.saturating_sub(row) as u64 * run - within
+        } else {
+            let present = columns.saturating_sub(self.first[1]).min(self.shape[1]) as u64;
+            (present * fb).saturating_sub(within)
+        };
+        if len as u64 > contiguous {
+            return Ok(None);
+        }
+        let start = (row * columns + self.first[1]) as u64 * fb + within;
+        self.view.shared_dense(start, len, self.codes)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {

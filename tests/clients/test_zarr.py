@@ -215,3 +215,40 @@ def test_dask_cluster_computes_the_virtual_images(tmp_path, mount, copy_fixture)
         valid = np.ones(dense.shape[2:], bool) if valid is None else valid
         total = np.load(tmp_path / name / "sum.npy")
         assert np.array_equal(total, (dense * valid).sum(axis=(2, 3)))
+
+
+def test_dask_cluster_computes_the_virtual_images_from_a_sharded_store(tmp_path, copy_fixture):
+    """Without FUSE: `qem convert X.qem X.zarr --zarr-shard-mib N`, then the
+    shipped example on a LocalCluster of 2 worker processes reading the
+    store, gives `qem cat`'s own sum, bf (exactly) and mean_dp."""
+    np.save(tmp_path / "scan.npy", acquisition(24, 64, 32))
+    made = tmp_path / "src" / "scan.qem"
+    made.parent.mkdir()
+    # Blocks of 64 scans: Zarr chunks of one scan row, 8 rows to a 1 MiB shard.
+    run("qem", "convert", tmp_path / "scan.npy", made, "--chunk-scans", "64")
+    # A valid mask, in one chunk (too small to shard): the store's `mask` array.
+    masked = copy_fixture("qem/u16-invalid-mask-33x40.qem", tmp_path / "src")
+    for container, shards in [(made, (8, 64, 32, 32)), (masked, None)]:
+        store = tmp_path / f"{container.stem}.zarr"
+        run("qem", "convert", container, store, "--zarr-shard-mib", "1")
+        data = zarr.open_group(str(store), mode="r")["data"]
+        assert data.shards == shards, container.name
+        detectors = tmp_path / f"{container.stem}-detectors.json"
+        detectors.write_bytes(cat(container, "virtual/detectors.json"))
+        out_dir = tmp_path / f"{container.stem}-out"
+        out = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "dask_virtual_images.py"), str(store),
+             "--workers", "2", "--detectors", str(detectors), "--out", str(out_dir)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        for product in ["sum", "bf"]:
+            ours = np.load(out_dir / f"{product}.npy")
+            theirs = load(container, f"virtual/{product}.npy")
+            # Counts: the same integers.
+            assert ours.shape == theirs.shape, product
+            assert np.array_equal(ours.astype(np.float64), theirs.astype(np.float64)), product
+        mean_dp = np.load(out_dir / "mean_dp.npy")
+        expected = load(container, "virtual/mean_dp.npy")
+        assert mean_dp.shape == expected.shape
+        assert np.allclose(mean_dp, expected, rtol=1e-6, atol=1e-6)
