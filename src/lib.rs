@@ -20,6 +20,7 @@
 //!   ([`tree::Tree`], [`tree::TreeOptions`], [`tree::filesystem`]);
 //! - [`reduce`]: virtual detectors and the [`reduce::Accelerator`] trait
 //!   the GPU backends implement;
+//! - [`sums`]: the `sha256sum`-style lines of `qem hash` and `semq hash`;
 //! - [`npy`], [`publish`], [`mapguard`], [`regular_file`], [`cache`],
 //!   [`workers`]: the `.npy` header, atomic outputs, the SIGBUS guard for
 //!   mapped inputs, checked input reads, the decoded-block cache and the
@@ -46,6 +47,7 @@ pub mod qem;
 pub mod reduce;
 pub mod regular_file;
 pub mod semq;
+pub mod sums;
 pub(crate) mod sync;
 pub mod tree;
 pub mod workers;
