@@ -24,7 +24,7 @@
 use std::sync::OnceLock;
 
 use super::error::StreamFault;
-use super::tables::{ESCAPE, FREQUENCIES, SCALE_BITS, STATE_LOWER, SYMBOLS, TABLES};
+use super::tables::{ESCAPE, FREQUENCIES, SCALE_BITS, STATE_LOWER, TABLES};
 
 const SLOTS: usize = 1 << SCALE_BITS;
 const SLOT_MASK: u32 = SLOTS as u32 - 1;
@@ -829,9 +829,12 @@ mod simd {
     }
 }
 
-/// Encoder of §7.1, used by tests and benchmarks to make streams.
-#[doc(hidden)]
-pub fn encode(table: usize, values: &[u16]) -> Vec<u8> {
+/// Encoder of §7.1, used by the decoders' tests to make streams (the
+/// writer has its own, in `qem::write::rans`; benchmarks take their streams
+/// from files the writer made).
+#[cfg(test)]
+pub(crate) fn encode(table: usize, values: &[u16]) -> Vec<u8> {
+    use super::tables::SYMBOLS;
     let freq = &FREQUENCIES[table];
     let mut start = [0u32; SYMBOLS];
     let mut acc = 0u32;
