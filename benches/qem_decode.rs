@@ -17,31 +17,9 @@ use qemfs::qem::write::{
 };
 use qemfs::qem::{rans, tables, QemFile, ValidationLevel};
 
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn unit(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Knuth's method; fine for the small means used here.
-    fn poisson(&mut self, mean: f64) -> u16 {
-        let l = (-mean).exp();
-        let (mut k, mut p) = (0u16, 1.0);
-        loop {
-            p *= self.unit();
-            if p <= l {
-                return k;
-            }
-            k += 1;
-        }
-    }
-}
+#[path = "../examples/support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Builds a uint16 integer-codec file of `scan × scan` frames of `r × c`
 /// pixels (the writer's default chunks of 512 frames). Returns the file and
