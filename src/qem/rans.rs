@@ -871,6 +871,17 @@ pub(crate) mod tests {
         pub(super) static FALLBACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     }
 
+    /// Marsaglia's xorshift64 from `seed`: a seeded stream of test values
+    /// for these tests and the stream decoder's.
+    pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
+    }
+
     fn unhex(s: &str) -> Vec<u8> {
         (0..s.len())
             .step_by(2)
@@ -930,13 +941,7 @@ pub(crate) mod tests {
 
     #[test]
     fn fast_path_agrees_with_the_reference_procedure_on_damaged_streams() {
-        let mut seed = 0x9abc_def0u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = xorshift(0x9abc_def0);
         for round in 0..2000 {
             let m = 1 + (rnd() % 300) as usize;
             let v: Vec<u16> = (0..m)
@@ -971,13 +976,7 @@ pub(crate) mod tests {
 
     #[test]
     fn lockstep_matches_single() {
-        let mut seed = 0x1234_5678u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = xorshift(0x1234_5678);
         for round in 0..50 {
             let m = 1 + (rnd() % 600) as usize;
             let mut data = Vec::new();
