@@ -11,35 +11,9 @@ use qemfs::qem::write::{
     encode_to_vec, scientific_metadata, Calibration, CountDtype, ModelChoice, WriteSpec,
 };
 
-/// xorshift64*: small, deterministic, good enough for synthetic counts.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Poisson variate by inversion (fine for the means used here).
-    fn poisson(&mut self, mean: f64) -> u16 {
-        let mut k = 0u16;
-        let mut p = (-mean).exp();
-        let mut cdf = p;
-        let u = self.uniform();
-        while u > cdf && k < 1000 {
-            k += 1;
-            p *= mean / f64::from(k);
-            cdf += p;
-        }
-        k
-    }
-}
+#[path = "../examples/support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Low-dose frames: a bright-field disk (mean 12 counts, drifting with the
 /// scan position) over a dark field of 0.02 counts per pixel.

@@ -14,27 +14,9 @@ use qemfs::qem::QemFile;
 use qemfs::reduce::geometry::{mask, DetectorOptions, Geometry, Shape};
 use qemfs::reduce::{Cpu, PixelSet, Reducer};
 
-struct Rng(u64);
-
-impl Rng {
-    fn unit(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn poisson(&mut self, mean: f64) -> u16 {
-        let l = (-mean).exp();
-        let (mut k, mut p) = (0u16, 1.0);
-        loop {
-            p *= self.unit();
-            if p <= l {
-                return k;
-            }
-            k += 1;
-        }
-    }
-}
+#[path = "../examples/support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn acquisition(scan: usize, det: usize) -> Vec<u8> {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);

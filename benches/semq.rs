@@ -15,29 +15,9 @@ use qemfs::semq::{self, Config, Encoding, IdList};
 
 const DIM: usize = 384;
 
-/// xorshift64*: deterministic, fast, good enough for test vectors.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Roughly normal: sum of uniforms, centred.
-    fn gauss(&mut self) -> f64 {
-        let x = self.next();
-        let parts = [
-            (x & 0xffff),
-            ((x >> 16) & 0xffff),
-            ((x >> 32) & 0xffff),
-            (x >> 48),
-        ];
-        parts.iter().map(|&p| p as f64 / 65536.0).sum::<f64>() - 2.0
-    }
-}
+#[path = "../examples/support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 fn unit_vector(rng: &mut Rng, out: &mut [f32]) {
     let v: Vec<f64> = (0..out.len()).map(|_| rng.gauss()).collect();

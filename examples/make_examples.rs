@@ -8,7 +8,6 @@
 //! `cargo run --release --example make_examples -- --acquisition OUT.qem ROWS COLS DET`
 //! writes one larger uint16 acquisition of the same kind (for benchmarks).
 
-use std::f64::consts::PI;
 use std::path::{Path, PathBuf};
 
 use qemfs::qem::write::{
@@ -18,37 +17,9 @@ use qemfs::qem::write::{
 use qemfs::semq::{Config, IdList};
 use serde_json::Map;
 
-/// xorshift64*: a small deterministic generator, so the files never change.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn uniform(&mut self) -> f64 {
-        (self.next() >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Poisson by inversion (fine for the small means used here).
-    fn poisson(&mut self, mean: f64) -> u16 {
-        let limit = (-mean).exp();
-        let (mut k, mut p) = (0u16, self.uniform());
-        while p > limit && k < u16::MAX {
-            k += 1;
-            p *= self.uniform();
-        }
-        k
-    }
-
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.uniform().max(1e-12), self.uniform());
-        (-2.0 * u.ln()).sqrt() * (2.0 * PI * v).cos()
-    }
-}
+#[path = "support/rng.rs"]
+mod rng;
+use rng::Rng;
 
 /// Counts of a convergent-beam pattern: a bright disk whose centre moves a
 /// little with the scan position (a deflection a CoM image shows), and a

@@ -20,9 +20,11 @@
 //!   ([`tree::Tree`], [`tree::TreeOptions`], [`tree::filesystem`]);
 //! - [`reduce`]: virtual detectors and the [`reduce::Accelerator`] trait
 //!   the GPU backends implement;
-//! - [`npy`], [`publish`], [`mapguard`], [`regular_file`], [`cache`]: the
-//!   `.npy` header, atomic outputs, the SIGBUS guard for mapped inputs,
-//!   checked input reads and the decoded-block cache.
+//! - [`sums`]: the `sha256sum`-style lines of `qem hash` and `semq hash`;
+//! - [`npy`], [`publish`], [`mapguard`], [`regular_file`], [`cache`],
+//!   [`workers`]: the `.npy` header, atomic outputs, the SIGBUS guard for
+//!   mapped inputs, checked input reads, the decoded-block cache and the
+//!   thread pool behind the mount's reads and the prefetcher.
 //!
 //! Error enums and the option structs (`TreeOptions`, `convert::Options`,
 //! `MetadataOptions`, `DetectorOptions`) are `#[non_exhaustive]`: build
@@ -45,6 +47,8 @@ pub mod qem;
 pub mod reduce;
 pub mod regular_file;
 pub mod semq;
+pub mod sums;
 pub(crate) mod sync;
 pub mod tree;
+pub mod workers;
 pub mod zarr;

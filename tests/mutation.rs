@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 
 use qemfs::qem::{checksum::sha256_hex, Codec, Dtype, PixelValues, QemFile, Tile, ValidationLevel};
 use qemfs::semq::{identity, Encoding};
-use sha2::{Digest, Sha256};
+
+#[path = "support/reseal.rs"]
+mod reseal;
+use reseal::{body_start, reseal_body, reseal_header};
 
 /// Largest decoded array a mutated header may declare before the test stops
 /// decoding it (a flip that passes validation with a huge shape would be a
@@ -74,29 +77,6 @@ fn offsets(region: Range<usize>, limit: usize, seed: u64) -> Vec<usize> {
     picked.sort_unstable();
     picked.dedup();
     picked
-}
-
-fn body_start(bytes: &[u8]) -> usize {
-    u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize
-}
-
-/// Rewrites the header digest of the envelope.
-fn reseal_header(bytes: &mut [u8]) {
-    let start = body_start(bytes);
-    let digest = Sha256::digest(&bytes[56..start]);
-    bytes[24..56].copy_from_slice(&digest);
-}
-
-/// Rewrites the (single) body checksum in the header and the header digest
-/// after a body byte changed; `old` is the body checksum before.
-fn reseal_body(bytes: &mut [u8], old: &str) {
-    let start = body_start(bytes);
-    let new = sha256_hex(&bytes[start..]);
-    let header = std::str::from_utf8(&bytes[56..start])
-        .unwrap()
-        .replacen(old, &new, 1);
-    bytes[56..start].copy_from_slice(header.as_bytes());
-    reseal_header(bytes);
 }
 
 fn read_all(f: &QemFile) -> Result<Option<Vec<u8>>, String> {

@@ -6,36 +6,23 @@
 
 use qemfs::qem::{QemError, QemFile, Tile};
 use qemfs::reduce::{Cpu, Reducer};
-use sha2::{Digest, Sha256};
+
+#[path = "support/reseal.rs"]
+mod reseal;
+use reseal::{array_offset, body_start, refresh_checksums};
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/conformance/qem/u8-mixed-13x7.qem"
 );
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// The fixture with the lowest bit of chunk 0's first spatial-index word
 /// flipped, its body checksum and header digest recomputed (spec §3, §4).
 fn forged() -> Vec<u8> {
     let original = std::fs::read(FIXTURE).unwrap();
-    let start = u64::from_le_bytes(original[16..24].try_into().unwrap()) as usize;
-    let header: serde_json::Value = serde_json::from_slice(&original[56..start]).unwrap();
-    let words = header["chunks"][0]["arrays"][3]["offset"].as_u64().unwrap() as usize;
     let mut forged = original.clone();
-    forged[start + words] ^= 1;
-    let old = hex(&Sha256::digest(&original[start..]));
-    let new = hex(&Sha256::digest(&forged[start..]));
-    let text = std::str::from_utf8(&original[56..start])
-        .unwrap()
-        .replace(&old, &new);
-    assert_eq!(text.len(), start - 56);
-    forged[56..start].copy_from_slice(text.as_bytes());
-    let digest = Sha256::digest(&forged[56..start]);
-    forged[24..56].copy_from_slice(&digest);
-    forged
+    forged[body_start(&original) + array_offset(&original, 3)] ^= 1;
+    refresh_checksums(forged, &original)
 }
 
 fn is_index_error(e: &QemError) -> bool {

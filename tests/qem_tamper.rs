@@ -5,10 +5,11 @@
 use std::path::Path;
 
 use proptest::prelude::*;
-use qemfs::qem::{
-    checksum::sha256_hex, ErrorKind, QemError, QemFile, StreamSite, Tile, ValidationLevel,
-};
-use sha2::{Digest, Sha256};
+use qemfs::qem::{ErrorKind, QemError, QemFile, StreamSite, Tile, ValidationLevel};
+
+#[path = "support/reseal.rs"]
+mod reseal;
+use reseal::{array_offset, body_start, refresh_checksums, reseal_header};
 
 fn fixture(name: &str) -> Vec<u8> {
     let dir = Path::new(concat!(
@@ -16,33 +17,6 @@ fn fixture(name: &str) -> Vec<u8> {
         "/tests/fixtures/conformance/qem"
     ));
     std::fs::read(dir.join(format!("{name}.qem"))).unwrap()
-}
-
-fn body_start(bytes: &[u8]) -> usize {
-    u64::from_le_bytes(bytes[16..24].try_into().unwrap()) as usize
-}
-
-/// Rewrites the (single) body checksum and the header digest after an edit
-/// of the body, so that the edit itself is what a reader meets.
-fn refresh_checksums(mut bytes: Vec<u8>, original: &[u8]) -> Vec<u8> {
-    let start = body_start(&bytes);
-    let old = sha256_hex(&original[start..]);
-    let new = sha256_hex(&bytes[start..]);
-    let header = std::str::from_utf8(&bytes[56..start])
-        .unwrap()
-        .replace(&old, &new);
-    assert_eq!(header.len(), start - 56);
-    bytes[56..start].copy_from_slice(header.as_bytes());
-    let digest = Sha256::digest(&bytes[56..start]);
-    bytes[24..56].copy_from_slice(&digest);
-    bytes
-}
-
-/// Body offset of array `k` of chunk 0 (integer codec).
-fn array_offset(bytes: &[u8], k: usize) -> usize {
-    let start = body_start(bytes);
-    let h: serde_json::Value = serde_json::from_slice(&bytes[56..start]).unwrap();
-    h["chunks"][0]["arrays"][k]["offset"].as_u64().unwrap() as usize
 }
 
 #[test]
@@ -252,8 +226,7 @@ proptest! {
             let pick = b"0123456789,:[]{}\" -9e.";
             bytes[56 + pos as usize % (start - 56)] = pick[usize::from(val) % pick.len()];
         }
-        let digest = Sha256::digest(&bytes[56..start]);
-        bytes[24..56].copy_from_slice(&digest);
+        reseal_header(&mut bytes);
         read_everything(bytes);
     }
 }

@@ -19,7 +19,7 @@ use qemfs::tree::{Attr, Tree};
 
 pub struct QemFs {
     core: Filesystem,
-    pool: crate::workers::Workers,
+    pool: qemfs::workers::Workers,
     log: Arc<dyn Fn(&str) + Send + Sync>,
 }
 
@@ -81,7 +81,7 @@ impl QemFs {
         );
         Ok(QemFs {
             core: Filesystem::new(tree, vec![pid]),
-            pool: crate::workers::Workers::new(workers.max(2))?,
+            pool: qemfs::workers::Workers::new("qemfs-read", workers.max(2), None)?,
             log,
         })
     }
@@ -140,13 +140,18 @@ impl fuser::Filesystem for QemFs {
             Err(e) => return reply.error(errno(&e)),
         };
         let log = Arc::clone(&self.log);
-        self.pool.spawn(move || match file.read(offset, size) {
+        let job = Box::new(move || match file.read(offset, size) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => {
                 log(&format!("read failed: {e}"));
                 reply.error(errno(&e));
             }
         });
+        // The queue has no bound; it refuses only when the workers are
+        // gone, and then the read is answered here.
+        if let Err(job) = self.pool.try_run(job) {
+            job();
+        }
     }
 
     fn release(

@@ -9,7 +9,6 @@
 
 mod filesystem;
 mod mountpoint;
-mod workers;
 
 use std::fs::OpenOptions;
 use std::io::{Read, Write};

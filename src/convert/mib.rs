@@ -285,6 +285,8 @@ pub struct MibSource {
     first: Header,
     frame_bytes: u64,
     scratch: Vec<u8>,
+    /// One chip's row of a raw quad frame, unpacked before it is placed.
+    row: Vec<u8>,
 }
 
 impl MibSource {
@@ -391,10 +393,11 @@ impl MibSource {
             first,
             frame_bytes,
             scratch: Vec::new(),
+            row: Vec::new(),
         })
     }
 
-    fn decode(&self, frame: u64, data: &[u8], out: &mut [u8]) -> Result<(), ConvertError> {
+    fn decode(&mut self, frame: u64, data: &[u8], out: &mut [u8]) -> Result<(), ConvertError> {
         let columns = self.first.columns;
         let too_wide = |i: usize, v: u32| {
             ConvertError::input(
@@ -501,7 +504,7 @@ impl Packing {
 impl MibSource {
     /// A raw frame of one chip, or of a 2×2 quad (see [`Header::quad`])
     /// assembled in detector order.
-    fn raw(&self, packing: Packing, data: &[u8], out: &mut [u8]) {
+    fn raw(&mut self, packing: Packing, data: &[u8], out: &mut [u8]) {
         if !self.first.quad {
             return packing.unpack(data, out);
         }
@@ -509,7 +512,8 @@ impl MibSource {
         let chip = columns / 2;
         let e = packing.stored_bytes();
         let segment = packing.raw_bytes(chip);
-        let mut row = vec![0u8; chip * e];
+        let mut row = std::mem::take(&mut self.row);
+        row.resize(chip * e, 0);
         for y in 0..rows {
             // (raw row, chip for the left half, chip for the right half);
             // chips are numbered by their place in the raw row.
@@ -531,6 +535,7 @@ impl MibSource {
                 }
             }
         }
+        self.row = row;
     }
 }
 

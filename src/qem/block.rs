@@ -478,10 +478,7 @@ impl QemFile {
         let m = info.frames;
         let p = self.pixels();
         let [_, _, r, c] = self.shape();
-        let chunk = &self.chunks()[info.chunk];
-        let table = self.stream_table(info.chunk)?;
-        let (first, count) = block_streams(self.codec(), p, info.block_in_chunk);
-        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let (table, first, count) = self.block_table(info)?;
         let mut cursor = BlockCursor {
             info: *info,
             parts: Vec::new(),
@@ -803,28 +800,15 @@ mod tests {
                                 }
                             }
                         }
-                        let checked = file.decode_block_with(
-                            &info,
-                            0..m,
-                            Output::Check,
-                            spread,
-                            kernel,
-                            window,
-                        );
+                        let check = |f: &QemFile| {
+                            f.decode_block_with(&info, 0..m, Output::Check, spread, kernel, window)
+                        };
+                        let checked = check(&file);
                         // The index verdict, made by these parts on a fresh
                         // opening, equals the reference path's.
                         if file.codec() == Codec::Integer && reference.is_ok() {
                             let fresh = QemFile::from_bytes(bytes.clone()).unwrap();
-                            fresh
-                                .decode_block_with(
-                                    &info,
-                                    0..m,
-                                    Output::Check,
-                                    spread,
-                                    kernel,
-                                    window,
-                                )
-                                .unwrap();
+                            check(&fresh).unwrap();
                             let got = fresh
                                 .block_index_verdict(info.index)
                                 .map(|v| v.map_err(|e| e.to_string()));

@@ -389,8 +389,18 @@ impl QemFile {
         }
     }
 
+    /// The stream table of `info`'s chunk and the block's streams
+    /// `(first, count)` in it, with the block's payload verified.
+    pub(super) fn block_table(&self, info: &BlockInfo) -> Result<(StreamTable<'_>, usize, usize)> {
+        let chunk = &self.layout.chunks[info.chunk];
+        let table = self.stream_table(info.chunk)?;
+        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
+        self.checked(self.payload_span(chunk, &table, first, count))?;
+        Ok((table, first, count))
+    }
+
     /// Payload byte range (body-relative) of streams `first..first+count`.
-    pub(super) fn payload_span(
+    fn payload_span(
         &self,
         chunk: &Chunk,
         table: &StreamTable<'_>,
@@ -420,10 +430,7 @@ impl QemFile {
     #[cfg(test)]
     pub(super) fn block_columns(&self, info: &BlockInfo) -> Result<Vec<u16>> {
         let c = info.chunk;
-        let chunk = &self.layout.chunks[c];
-        let table = self.stream_table(c)?;
-        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
-        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let (table, first, count) = self.block_table(info)?;
         let m = info.frames;
         let mut cols = vec![0u16; count * m];
         let group = (32768 / m).max(4);
@@ -727,10 +734,7 @@ impl QemFile {
         self.check_pixels(pixels)?;
         let info = *self.block_info(block)?;
         let c = info.chunk;
-        let chunk = &self.layout.chunks[c];
-        let table = self.stream_table(c)?;
-        let (first, count) = block_streams(self.codec(), self.pixels(), info.block_in_chunk);
-        self.checked(self.payload_span(chunk, &table, first, count))?;
+        let (table, first, _) = self.block_table(&info)?;
         let m = info.frames;
         let float = self.codec() == Codec::Float;
         let spp = if float { 2 } else { 1 };

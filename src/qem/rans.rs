@@ -24,7 +24,7 @@
 use std::sync::OnceLock;
 
 use super::error::StreamFault;
-use super::tables::{ESCAPE, FREQUENCIES, SCALE_BITS, STATE_LOWER, SYMBOLS, TABLES};
+use super::tables::{ESCAPE, FREQUENCIES, SCALE_BITS, STATE_LOWER, TABLES};
 
 const SLOTS: usize = 1 << SCALE_BITS;
 const SLOT_MASK: u32 = SLOTS as u32 - 1;
@@ -829,9 +829,12 @@ mod simd {
     }
 }
 
-/// Encoder of §7.1, used by tests and benchmarks to make streams.
-#[doc(hidden)]
-pub fn encode(table: usize, values: &[u16]) -> Vec<u8> {
+/// Encoder of §7.1, used by the decoders' tests to make streams (the
+/// writer has its own, in `qem::write::rans`; benchmarks take their streams
+/// from files the writer made).
+#[cfg(test)]
+pub(crate) fn encode(table: usize, values: &[u16]) -> Vec<u8> {
+    use super::tables::SYMBOLS;
     let freq = &FREQUENCIES[table];
     let mut start = [0u32; SYMBOLS];
     let mut acc = 0u32;
@@ -866,6 +869,17 @@ pub(crate) mod tests {
     thread_local! {
         /// Times `decode_many` fell back to the careful decoder.
         pub(super) static FALLBACKS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// Marsaglia's xorshift64 from `seed`: a seeded stream of test values
+    /// for these tests and the stream decoder's.
+    pub(crate) fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        }
     }
 
     fn unhex(s: &str) -> Vec<u8> {
@@ -927,13 +941,7 @@ pub(crate) mod tests {
 
     #[test]
     fn fast_path_agrees_with_the_reference_procedure_on_damaged_streams() {
-        let mut seed = 0x9abc_def0u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = xorshift(0x9abc_def0);
         for round in 0..2000 {
             let m = 1 + (rnd() % 300) as usize;
             let v: Vec<u16> = (0..m)
@@ -968,13 +976,7 @@ pub(crate) mod tests {
 
     #[test]
     fn lockstep_matches_single() {
-        let mut seed = 0x1234_5678u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = xorshift(0x1234_5678);
         for round in 0..50 {
             let m = 1 + (rnd() % 600) as usize;
             let mut data = Vec::new();

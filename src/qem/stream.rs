@@ -166,9 +166,9 @@ impl<'a> StreamTable<'a> {
                 pending.push((s, usize::from(sel), bytes, col));
                 if pending.len() == lanes {
                     if simd {
-                        decode_lockstep::<LOCKSTEP>(&mut pending)?;
+                        decode_group::<LOCKSTEP>(&mut pending, &mut [])?;
                     } else {
-                        decode_lockstep::<4>(&mut pending)?;
+                        decode_group::<4>(&mut pending, &mut [])?;
                     }
                 }
             } else {
@@ -179,10 +179,10 @@ impl<'a> StreamTable<'a> {
         // (the extra lanes repeat a stream into a scratch column).
         if simd && pending.len() > 8 {
             let mut spare = vec![vec![0u16; m]; LOCKSTEP - pending.len()];
-            decode_padded::<LOCKSTEP>(&mut pending, &mut spare)?;
+            decode_group::<LOCKSTEP>(&mut pending, &mut spare)?;
         } else if simd && pending.len() >= 4 {
             let mut spare = vec![vec![0u16; m]; 8 - pending.len()];
-            decode_padded::<8>(&mut pending, &mut spare)?;
+            decode_group::<8>(&mut pending, &mut spare)?;
         }
         for (s, table, bytes, col) in pending.drain(..) {
             rans::decode(table, bytes, col).map_err(|f| (s, f))?;
@@ -195,23 +195,9 @@ impl<'a> StreamTable<'a> {
 /// SIMD lanes are available (else 4).
 pub(crate) const LOCKSTEP: usize = 16;
 
-fn decode_lockstep<const N: usize>(
-    pending: &mut Vec<(usize, usize, &[u8], &mut [u16])>,
-) -> Result<(), (usize, StreamFault)> {
-    let mut sites = [0usize; N];
-    let mut streams: [(usize, &[u8]); N] = [(0, &[]); N];
-    let mut outs: [&mut [u16]; N] = std::array::from_fn(|_| Default::default());
-    for (j, (s, table, bytes, col)) in pending.drain(..).enumerate() {
-        sites[j] = s;
-        streams[j] = (table, bytes);
-        outs[j] = col;
-    }
-    rans::decode_many(streams, outs).map_err(|(j, f)| (sites[j], f))
-}
-
-/// Decodes the pending streams (fewer than `N`) in one `N`-lane group, the
-/// missing lanes repeating the last stream into `spare` columns.
-fn decode_padded<const N: usize>(
+/// Decodes the pending streams in one `N`-lane group; when there are fewer
+/// than `N`, the missing lanes repeat the last stream into `spare` columns.
+fn decode_group<const N: usize>(
     pending: &mut Vec<(usize, usize, &[u8], &mut [u16])>,
     spare: &mut [Vec<u16>],
 ) -> Result<(), (usize, StreamFault)> {
@@ -273,13 +259,7 @@ mod tests {
     /// count of rANS streams in a range, valid or with one damaged stream.
     #[test]
     fn decode_range_equals_stream_by_stream() {
-        let mut seed = 0x5eed_1234u64;
-        let mut rnd = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut rnd = crate::qem::rans::tests::xorshift(0x5eed_1234);
         for round in 0..120 {
             let m = 1 + (rnd() % 64) as usize;
             let count = round % 40;

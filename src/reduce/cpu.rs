@@ -117,6 +117,41 @@ impl Plan {
     }
 }
 
+/// The masks a pixel belongs to: the set bits of its membership word,
+/// lowest first.
+fn set_bits(mut bits: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        (bits != 0).then(|| {
+            let i = bits.trailing_zeros() as usize;
+            bits &= bits - 1;
+            i
+        })
+    })
+}
+
+/// The partial result of either kind: the products `request` asked for,
+/// each wrapped by `values`.
+fn partial<T>(
+    request: &Request,
+    masks: Vec<Vec<T>>,
+    [total, row, column]: [Vec<T>; 3],
+    [sum, max]: [Vec<T>; 2],
+    values: fn(Vec<T>) -> Values,
+) -> Partial {
+    Partial {
+        masks: masks.into_iter().map(values).collect(),
+        moments: request.moments.then(|| Moments {
+            total: values(total),
+            row: values(row),
+            column: values(column),
+        }),
+        pattern: request.pattern.then(|| Pattern {
+            sum: values(sum),
+            max: values(max),
+        }),
+    }
+}
+
 /// Integer counts and scaled codes: exact u64 sums.
 fn reduce_exact(
     file: &QemFile,
@@ -161,10 +196,7 @@ fn reduce_exact(
                     .zip(member)
                     .zip(pattern.iter_mut())
                 {
-                    let mut bits = bits;
-                    while bits != 0 {
-                        let i = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
+                    for i in set_bits(bits) {
                         for (s, &v) in sums[i * m..(i + 1) * m].iter_mut().zip(col) {
                             *s += u64::from(v);
                         }
@@ -214,19 +246,13 @@ fn reduce_exact(
             (pattern_sum[p], pattern_max[p]) = (sum, max);
         }
     }
-    let [total, row, column] = moments;
-    Ok(Partial {
-        masks: mask_sums.into_iter().map(Values::Exact).collect(),
-        moments: request.moments.then_some(Moments {
-            total: Values::Exact(total),
-            row: Values::Exact(row),
-            column: Values::Exact(column),
-        }),
-        pattern: request.pattern.then_some(Pattern {
-            sum: Values::Exact(pattern_sum),
-            max: Values::Exact(pattern_max),
-        }),
-    })
+    Ok(partial(
+        request,
+        mask_sums,
+        moments,
+        [pattern_sum, pattern_max],
+        Values::Exact,
+    ))
 }
 
 /// Float32 measurements: compensated float32 sums, background subtracted
@@ -272,10 +298,7 @@ fn reduce_float(
                     .zip(member)
                     .zip(pattern.iter_mut())
                 {
-                    let mut bits = bits;
-                    while bits != 0 {
-                        let i = bits.trailing_zeros() as usize;
-                        bits &= bits - 1;
+                    for i in set_bits(bits) {
                         for (s, &v) in sums[i * m..(i + 1) * m].iter_mut().zip(col) {
                             s.add(value(v, p));
                         }
@@ -326,19 +349,13 @@ fn reduce_float(
             pattern_max[p] = *max;
         }
     }
-    let [total, row, column] = moments;
-    Ok(Partial {
-        masks: mask_sums.into_iter().map(Values::Float).collect(),
-        moments: request.moments.then_some(Moments {
-            total: Values::Float(total),
-            row: Values::Float(row),
-            column: Values::Float(column),
-        }),
-        pattern: request.pattern.then_some(Pattern {
-            sum: Values::Float(pattern_sum),
-            max: Values::Float(pattern_max),
-        }),
-    })
+    Ok(partial(
+        request,
+        mask_sums,
+        moments,
+        [pattern_sum, pattern_max],
+        Values::Float,
+    ))
 }
 
 /// The maximum with NaN propagating as the canonical quiet NaN (payloads

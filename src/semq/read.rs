@@ -62,14 +62,7 @@ impl Encoding {
             // len is below the threshold, so reserving it is bounded.
             let mut bytes = Vec::with_capacity(len as usize);
             file.read_to_end(&mut bytes).map_err(io)?;
-            let (layout, manifest, content, state) = validate(&bytes, progress)?;
-            return Ok(Encoding::from_parts(
-                Image::Owned(bytes),
-                layout,
-                manifest,
-                content,
-                state,
-            ));
+            return verified(Image::Owned(bytes), progress);
         }
         // A truncation while mapped faults on access, which `mapguard`
         // (when installed) absorbs and charges to this mapping.
@@ -79,14 +72,7 @@ impl Encoding {
             Err(_) => {
                 let mut bytes = Vec::new();
                 file.read_to_end(&mut bytes).map_err(io)?;
-                let (layout, manifest, content, state) = validate(&bytes, progress)?;
-                return Ok(Encoding::from_parts(
-                    Image::Owned(bytes),
-                    layout,
-                    manifest,
-                    content,
-                    state,
-                ));
+                return verified(Image::Owned(bytes), progress);
             }
         };
         // The framing, config and declared sizes read only the first
@@ -94,26 +80,12 @@ impl Encoding {
         // whole of it is read in.
         framing(&map)?;
         map.will_need();
-        let (layout, manifest, content, state) = validate(&map, progress)?;
-        Ok(Encoding::from_parts(
-            Image::Mapped(map),
-            layout,
-            manifest,
-            content,
-            state,
-        ))
+        verified(Image::Mapped(map), progress)
     }
 
     /// Verifies an image held in memory and takes ownership of it.
     pub fn from_vec(bytes: Vec<u8>) -> Result<Encoding> {
-        let (layout, manifest, content, state) = validate(&bytes, &|_, _| {})?;
-        Ok(Encoding::from_parts(
-            Image::Owned(bytes),
-            layout,
-            manifest,
-            content,
-            state,
-        ))
+        verified(Image::Owned(bytes), &|_, _| {})
     }
 
     /// Verifies an image given as a slice (for tests and fuzzing). The
@@ -128,6 +100,14 @@ impl Encoding {
             state,
         ))
     }
+}
+
+/// Verifies `image` (spec §4) and makes it the Encoding's own.
+fn verified(image: Image, progress: Progress<'_>) -> Result<Encoding> {
+    let (layout, manifest, content, state) = validate(image.bytes(), progress)?;
+    Ok(Encoding::from_parts(
+        image, layout, manifest, content, state,
+    ))
 }
 
 fn fail(section: Section, message: &str) -> SemqError {

@@ -12,15 +12,13 @@
 //! budget. Prefetches together hold at most [`SHARE`] of it; blocks larger
 //! than that are never prefetched.
 //!
-//! Plain threads, not rayon tasks: a load may wait on another reader's
-//! decode of the same block, and a rayon worker waiting inside a join could
-//! be handed that very decode's caller and deadlock. Decoding itself still
-//! runs on the rayon pool.
+//! The threads are a [`Workers`] pool with a bounded queue (plain
+//! threads, not rayon tasks: see there).
 
-use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
 use super::Budget;
+use crate::workers::{Job, Workers};
 
 /// Threads decoding prefetched blocks.
 pub const THREADS: usize = 2;
@@ -29,39 +27,17 @@ pub const QUEUED: usize = 4;
 /// The part of the budget prefetches may hold, in 1/1024ths (a quarter).
 pub const SHARE: usize = 256;
 
-type Job = Box<dyn FnOnce() + Send>;
-
 /// The queue in front of the threads.
 pub struct Prefetcher {
-    sender: Mutex<SyncSender<Job>>,
+    workers: Workers,
 }
 
 impl Prefetcher {
     /// Starts `threads` threads behind a queue of `queued` requests; `None`
     /// when no thread could be started (nothing is prefetched then).
     pub fn new(threads: usize, queued: usize) -> Option<Prefetcher> {
-        let (sender, receiver) = sync_channel::<Job>(queued);
-        let receiver = Arc::new(Mutex::new(receiver));
-        let mut started = 0;
-        for i in 0..threads {
-            let receiver: Arc<Mutex<Receiver<Job>>> = Arc::clone(&receiver);
-            let spawned = std::thread::Builder::new()
-                .name(format!("qemfs-prefetch-{i}"))
-                .spawn(move || loop {
-                    let job = {
-                        let guard = receiver.lock().unwrap_or_else(|e| e.into_inner());
-                        guard.recv()
-                    };
-                    match job {
-                        Ok(job) => job(),
-                        Err(_) => return,
-                    }
-                });
-            started += usize::from(spawned.is_ok());
-        }
-        (started > 0).then(|| Prefetcher {
-            sender: Mutex::new(sender),
-        })
+        let workers = Workers::new("qemfs-prefetch", threads, Some(queued)).ok()?;
+        Some(Prefetcher { workers })
     }
 
     /// Queues `job`, which will load about `bytes` into `budget`, if the
@@ -84,12 +60,8 @@ impl Prefetcher {
             job();
             drop(held);
         });
-        let sender = self.sender.lock().unwrap_or_else(|e| e.into_inner());
-        match sender.try_send(job) {
-            Ok(()) => true,
-            // The job (and its reservation) is dropped unrun.
-            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => false,
-        }
+        // A refused job (and its reservation) is dropped unrun.
+        self.workers.try_run(job).is_ok()
     }
 }
 

@@ -454,9 +454,6 @@ pub struct ZarrSource {
     header: Option<Map<String, Value>>,
 }
 
-/// At most this many bytes of frames are read from the store at a time.
-const BAND_BYTES: usize = 256 << 20;
-
 impl ZarrSource {
     /// Opens `path` (a store folder). Refuses arrays that are not 4-D
     /// uint8, uint16 or float32, naming the store and what it found.
@@ -555,16 +552,6 @@ impl ZarrSource {
         self.dtype
     }
 
-    /// The valid mask of a store with a `mask` array.
-    pub fn valid(&self) -> Option<&[bool]> {
-        self.mask.as_deref()
-    }
-
-    /// The original file's header members, for a store we wrote.
-    pub fn header(&self) -> Option<&Map<String, Value>> {
-        self.header.as_ref()
-    }
-
     /// What the `.qem` written from this array holds. A store we wrote
     /// (with `qem.header`) gets its original metadata, producer record,
     /// valid mask, EMPAD description and unknown header members back; any
@@ -614,27 +601,6 @@ impl ZarrSource {
             .filter(|(k, _)| !RESERVED.contains(&k.as_str()))
             .collect();
         spec
-    }
-
-    /// How many scan rows to read at a time: as many as fit in 256 MiB,
-    /// in whole shard rows where they fit, else in whole inner chunk rows
-    /// (so that no inner chunk is decoded twice).
-    pub fn band_rows(&self) -> usize {
-        let row_bytes = self.shape[1] * self.shape[2] * self.shape[3] * self.dtype.size();
-        let fit = (BAND_BYTES / row_bytes.max(1)).max(1);
-        let stored_rows = self
-            .array
-            .chunk_shape(&[0, 0, 0, 0])
-            .map_or(1, |c| c[0].get() as usize);
-        let inner_rows = self
-            .array
-            .subchunk_shape()
-            .map_or(stored_rows, |c| c[0].get() as usize);
-        [stored_rows, inner_rows]
-            .into_iter()
-            .find(|&r| r <= fit)
-            .map_or(fit, |r| fit / r * r)
-            .min(self.shape[0])
     }
 
     /// Frames `first..first + out.len() / frame_bytes` in scan order into

@@ -173,17 +173,11 @@ pub fn hash(args: &HashArgs) -> Result<u8, Failure> {
         })
         .collect();
     let mut out = Stdout::new();
-    let mut status = OK;
-    for (path, digest) in args.files.iter().zip(digests) {
-        match digest {
-            Ok(hex) => writeln!(out, "{hex}  {}", path.display())?,
-            Err(reason) => {
-                out.flush()?;
-                eprintln!("error: {}: {reason}", path.display());
-                status = ERROR;
-            }
-        }
-    }
+    let all = qemfs::sums::write_sums(
+        &mut out,
+        &mut std::io::stderr(),
+        args.files.iter().map(|p| p.as_path()).zip(digests),
+    )?;
     out.done()?;
-    Ok(status)
+    Ok(if all { OK } else { ERROR })
 }

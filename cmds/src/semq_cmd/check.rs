@@ -53,19 +53,13 @@ pub fn hash(args: &HashArgs) -> Result<u8, Failure> {
 fn print_hashes(files: &[PathBuf], content: bool) -> Result<u8, Failure> {
     let digests: Vec<_> = files.par_iter().map(|p| digest_of(p, content)).collect();
     let mut out = Stdout::new();
-    let mut status = OK;
-    for (path, digest) in files.iter().zip(digests) {
-        match digest {
-            Ok(hex) => writeln!(out, "{hex}  {}", path.display())?,
-            Err(reason) => {
-                out.flush()?;
-                eprintln!("error: {}: {reason}", path.display());
-                status = ERROR;
-            }
-        }
-    }
+    let all = qemfs::sums::write_sums(
+        &mut out,
+        &mut std::io::stderr(),
+        files.iter().map(|p| p.as_path()).zip(digests),
+    )?;
     out.done()?;
-    Ok(status)
+    Ok(if all { OK } else { ERROR })
 }
 
 /// A list of digests from standard input (`--check -`, as `sha256sum -c -`).

@@ -41,7 +41,7 @@ pub use metadata::{
 };
 
 use crate::publish::{AtomicFile, Overwrite};
-use crate::qem::checksum::hex;
+use crate::qem::checksum::{hex, CHECKSUM_BLOCK};
 use crate::qem::envelope;
 use chunk::Frames;
 use publish::{io_error, publish_error, TempFile};
@@ -53,8 +53,6 @@ pub use crate::qem::header::{FLOAT_CODEC, INTEGER_CODEC, SCALED_CODEC};
 pub(crate) const INTERVAL: u64 = crate::qem::header::INTERVAL as u64;
 /// Largest header the format allows.
 pub(crate) const MAX_HEADER_BYTES: usize = envelope::MAX_HEADER_BYTES as usize;
-/// Body bytes covered by one `sha256` entry.
-pub(crate) const CHECKSUM_BLOCK: u64 = crate::qem::checksum::CHECKSUM_BLOCK as u64;
 /// Default chunk length (scans) of the integer and scaled codecs.
 pub(crate) const DEFAULT_CHUNK_SCANS: u64 = 512;
 /// Longest chunk the reference writer uses for counts (two blocks).
@@ -337,7 +335,7 @@ struct Body {
 impl Body {
     fn write(&mut self, mut data: &[u8]) -> Result<(), WriteError> {
         while !data.is_empty() {
-            let room = (CHECKSUM_BLOCK - self.len % CHECKSUM_BLOCK) as usize;
+            let room = CHECKSUM_BLOCK - (self.len % CHECKSUM_BLOCK as u64) as usize;
             let (now, rest) = data.split_at(room.min(data.len()));
             self.block.update(now);
             match &mut self.sink {
@@ -347,7 +345,7 @@ impl Body {
                 Sink::Memory(v) => v.extend_from_slice(now),
             }
             self.len += now.len() as u64;
-            if self.len.is_multiple_of(CHECKSUM_BLOCK) {
+            if self.len.is_multiple_of(CHECKSUM_BLOCK as u64) {
                 let digest = std::mem::take(&mut self.block).finalize();
                 self.digests.push(Value::String(hex(&digest)));
             }
@@ -365,7 +363,7 @@ impl Body {
 
     fn digests(&mut self) -> Vec<Value> {
         let mut out = self.digests.clone();
-        if !self.len.is_multiple_of(CHECKSUM_BLOCK) {
+        if !self.len.is_multiple_of(CHECKSUM_BLOCK as u64) {
             out.push(Value::String(hex(&self.block.clone().finalize())));
         }
         out
