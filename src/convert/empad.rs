@@ -36,7 +36,6 @@ pub struct EmpadSource {
     description: Description,
     raw_path: PathBuf,
     raw: File,
-    scratch: Vec<u8>,
 }
 
 /// What the XML says, in the names of its own elements.
@@ -280,7 +279,6 @@ impl EmpadSource {
             description,
             raw_path,
             raw,
-            scratch: Vec::new(),
         })
     }
 }
@@ -323,17 +321,18 @@ impl Source for EmpadSource {
     }
 
     fn read_frames(&mut self, first: u64, out: &mut [u8]) -> Result<(), ConvertError> {
+        // One pass, straight into the window: each frame's measured rows
+        // are read to their place, and its two metadata rows land on the
+        // start of the next frame's place, which that frame's read then
+        // overwrites. The last frame's metadata rows are not read.
         let frames = out.len() / FRAME_BYTES;
-        self.scratch.resize(frames * RAW_FRAME_BYTES as usize, 0);
-        self.raw
-            .read_exact_at(&mut self.scratch, first * RAW_FRAME_BYTES)
-            .map_err(|e| ConvertError::io(&self.raw_path, e))?;
-        // The two metadata rows at the end of each raw frame are dropped.
-        for (o, s) in out
-            .chunks_exact_mut(FRAME_BYTES)
-            .zip(self.scratch.chunks_exact(RAW_FRAME_BYTES as usize))
-        {
-            o.copy_from_slice(&s[..FRAME_BYTES]);
+        let raw = RAW_FRAME_BYTES as usize;
+        for k in 0..frames {
+            let at = k * FRAME_BYTES;
+            let end = (at + raw).min(out.len());
+            self.raw
+                .read_exact_at(&mut out[at..end], (first + k as u64) * RAW_FRAME_BYTES)
+                .map_err(|e| ConvertError::io(&self.raw_path, e))?;
         }
         Ok(())
     }

@@ -56,7 +56,11 @@ impl Frames<'_> {
 
 /// Arrays 0–2 of a chunk: payload, stream offsets, selectors.
 pub(crate) struct Streams {
-    pub payload: Vec<u8>,
+    /// The payload in pieces (one per task, in stream order), handed to the
+    /// body as they are rather than gathered into one buffer first.
+    pub payload: Vec<Vec<u8>>,
+    /// Bytes of the payload.
+    pub payload_len: usize,
     pub offsets: Vec<u32>,
     pub selectors: Vec<u8>,
 }
@@ -93,12 +97,19 @@ pub(crate) fn encode_streams(
                 let stride = m + 32;
                 tile.resize(n * stride, 0);
                 src.transpose(f0, m, p0, n, tile, stride);
-                let mut bytes = Vec::new();
+                // No stream is longer than its literal form (2 bytes a
+                // value): reserved at once, the buffer never grows.
+                let mut bytes = Vec::with_capacity(2 * n * m);
                 let mut lens = Vec::with_capacity(n);
                 let mut sels = Vec::with_capacity(n);
                 let columns: Vec<&[u16]> = tile.chunks_exact(stride).map(|c| &c[..m]).collect();
                 for batch in columns.chunks(stream::BATCH) {
                     stream::encode_batch(batch, model, scratch, &mut bytes, &mut lens, &mut sels);
+                }
+                // Compressed counts are held until the body's thread writes
+                // them: not with their literal-sized reservation.
+                if bytes.capacity() > 2 * bytes.len() {
+                    bytes.shrink_to_fit();
                 }
                 (bytes, lens, sels)
             },
@@ -108,14 +119,15 @@ pub(crate) fn encode_streams(
     u32::try_from(total).ok()?;
     let streams = blocks * src.width;
     let mut out = Streams {
-        payload: Vec::with_capacity(total),
+        payload: Vec::with_capacity(parts.len()),
+        payload_len: total,
         offsets: Vec::with_capacity(streams + 1),
         selectors: Vec::with_capacity(streams),
     };
     let mut cursor = 0u32;
     out.offsets.push(0);
     for (bytes, lens, sels) in parts {
-        out.payload.extend_from_slice(&bytes);
+        out.payload.push(bytes);
         for len in lens {
             cursor += len;
             out.offsets.push(cursor);

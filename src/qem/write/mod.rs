@@ -1,11 +1,12 @@
 //! Writing `.qem` files (spec §2–§9) for the three codecs.
 //!
 //! Frames are pushed in C order, in pieces of any size; every complete chunk
-//! is encoded at once and its arrays spooled to a temporary sibling file while
-//! the body is hashed, so memory stays bounded by one chunk. [`Writer::finish`]
-//! then builds the header (which must precede the body), assembles the final
-//! file in a second temporary sibling and publishes it without ever replacing
-//! an existing file.
+//! is encoded at once and its arrays hashed and spooled ([`body`]) into the
+//! output's temporary sibling file while the next chunk is encoded, so
+//! memory stays bounded by two chunks. [`Writer::finish`] then builds the
+//! header (which must precede the body), moves the body up behind it in the
+//! same file ([`spool`]) and publishes it without ever replacing an
+//! existing file.
 //!
 //! ```no_run
 //! use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec, Writer};
@@ -19,16 +20,17 @@
 //! # Ok::<(), qemfs::qem::write::WriteError>(())
 //! ```
 
+mod body;
 mod chunk;
 mod header;
 mod metadata;
 mod publish;
 mod rans;
 mod spatial;
+mod spool;
 pub mod stream;
 
-use std::fs::File;
-use std::io::{self, BufWriter, Seek, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Number, Value};
@@ -41,10 +43,11 @@ pub use metadata::{
 };
 
 use crate::publish::{AtomicFile, Overwrite};
-use crate::qem::checksum::{hex, CHECKSUM_BLOCK};
+use crate::qem::checksum::hex;
 use crate::qem::envelope;
+use body::{Body, Sink};
 use chunk::Frames;
-use publish::{io_error, publish_error, TempFile};
+use publish::{io_error, publish_error};
 use spatial::Tiles;
 
 /// The codec identifiers, as the reader knows them.
@@ -316,60 +319,6 @@ enum Kind {
     },
 }
 
-enum Sink {
-    Spool {
-        file: BufWriter<File>,
-        temp: TempFile,
-    },
-    Memory(Vec<u8>),
-}
-
-/// The body as it is produced: written out and hashed per 64 MiB block.
-struct Body {
-    sink: Sink,
-    len: u64,
-    block: Sha256,
-    digests: Vec<Value>,
-}
-
-impl Body {
-    fn write(&mut self, mut data: &[u8]) -> Result<(), WriteError> {
-        while !data.is_empty() {
-            let room = CHECKSUM_BLOCK - (self.len % CHECKSUM_BLOCK as u64) as usize;
-            let (now, rest) = data.split_at(room.min(data.len()));
-            self.block.update(now);
-            match &mut self.sink {
-                Sink::Spool { file, temp } => {
-                    file.write_all(now).map_err(|e| io_error(&temp.path, e))?
-                }
-                Sink::Memory(v) => v.extend_from_slice(now),
-            }
-            self.len += now.len() as u64;
-            if self.len.is_multiple_of(CHECKSUM_BLOCK as u64) {
-                let digest = std::mem::take(&mut self.block).finalize();
-                self.digests.push(Value::String(hex(&digest)));
-            }
-            data = rest;
-        }
-        Ok(())
-    }
-
-    /// Zero bytes up to the next multiple of 8; returns the aligned offset.
-    fn align8(&mut self) -> Result<u64, WriteError> {
-        let pad = (8 - self.len % 8) % 8;
-        self.write(&[0u8; 8][..pad as usize])?;
-        Ok(self.len)
-    }
-
-    fn digests(&mut self) -> Vec<Value> {
-        let mut out = self.digests.clone();
-        if !self.len.is_multiple_of(CHECKSUM_BLOCK as u64) {
-            out.push(Value::String(hex(&self.block.clone().finalize())));
-        }
-        out
-    }
-}
-
 /// A `.qem` file being written; see the module documentation.
 pub struct Writer {
     target: Option<PathBuf>,
@@ -382,6 +331,9 @@ pub struct Writer {
     chunk_scans: u64,
     header: Map<String, Value>,
     body: Body,
+    /// The output's temporary file, which the body thread writes to
+    /// (removed when dropped unpublished).
+    out: Option<AtomicFile>,
     pending: Vec<u8>,
     frames_done: u64,
     chunks: Vec<Value>,
@@ -408,13 +360,13 @@ impl Writer {
         overwrite: Overwrite,
         spec: WriteSpec,
     ) -> Result<Writer, WriteError> {
-        let temp = TempFile::spool(&target)?;
-        let file = BufWriter::with_capacity(
-            1 << 20,
-            temp.file.try_clone().map_err(|e| io_error(&temp.path, e))?,
-        );
-        let mut w = Writer::start(Some(target), spec, Sink::Spool { file, temp })?;
+        let mut out = AtomicFile::create(&target, overwrite).map_err(publish_error)?;
+        let temp = out.temp_path().to_path_buf();
+        let file = out.file().try_clone().map_err(|e| io_error(&temp, e))?;
+        let spool = spool::Spool::new(file).map_err(|e| io_error(&temp, e))?;
+        let mut w = Writer::start(Some(target), spec, Sink::Spool(spool, temp))?;
         w.overwrite = overwrite;
+        w.out = Some(out);
         Ok(w)
     }
 
@@ -538,12 +490,8 @@ impl Writer {
             elem_bytes,
             chunk_scans,
             header,
-            body: Body {
-                sink,
-                len: 0,
-                block: Sha256::new(),
-                digests: Vec::new(),
-            },
+            body: Body::start(sink)?,
+            out: None,
             pending: Vec::new(),
             frames_done: 0,
             chunks: Vec::new(),
@@ -646,15 +594,13 @@ impl Writer {
                 let streams = chunk::encode_streams(src, scans, INTERVAL as usize, model)
                     .ok_or(WriteError::ChunkTooLarge)?;
                 let index = spatial_index(src, scans, tiles, valid);
-                let mut arrays = write_count_arrays(&mut self.body, &streams)?;
-                arrays.push(array(
-                    &mut self.body,
-                    &u32_bytes(&index.words),
-                    index.words.len(),
-                )?);
+                let mut arrays = write_count_arrays(&mut self.body, streams);
+                let words = index.words.len();
+                arrays.push(array(&mut self.body, [u32_bytes(&index.words)], words));
                 let offsets: Vec<u8> = index.offsets.iter().flat_map(|o| o.to_le_bytes()).collect();
-                arrays.push(array(&mut self.body, &offsets, index.offsets.len())?);
-                arrays.push(array(&mut self.body, &index.widths, index.widths.len())?);
+                arrays.push(array(&mut self.body, [offsets], index.offsets.len()));
+                let widths = index.widths.len();
+                arrays.push(array(&mut self.body, [index.widths], widths));
                 json!({"arrays": arrays, "first": first, "scans": scans64})
             }
             Kind::Scaled { .. } => {
@@ -665,7 +611,7 @@ impl Writer {
                 };
                 let streams = chunk::encode_streams(src, scans, INTERVAL as usize, model)
                     .ok_or(WriteError::ChunkTooLarge)?;
-                let arrays = write_count_arrays(&mut self.body, &streams)?;
+                let arrays = write_count_arrays(&mut self.body, streams);
                 json!({"arrays": arrays, "first": first, "region": region, "scans": scans64})
             }
             Kind::Float { logical } => {
@@ -681,43 +627,55 @@ impl Writer {
                     || chunk::encode_streams(src, scans, scans, model),
                 );
                 let mut streams = streams.ok_or(WriteError::ChunkTooLarge)?;
-                if streams.payload.is_empty() {
+                if streams.payload_len == 0 {
                     // Every array must be non-empty: one padding byte.
-                    streams.payload.push(0);
+                    streams.payload = vec![vec![0]];
+                    streams.payload_len = 1;
                 }
+                let (offset_bytes, model_bytes) =
+                    (4 * streams.offsets.len(), streams.selectors.len());
                 let payload_offset = self.body.len;
-                self.body.write(&streams.payload)?;
+                for piece in streams.payload {
+                    self.body.put(piece);
+                }
                 let offset_offset = self.body.len;
-                self.body.write(&u32_bytes(&streams.offsets))?;
+                self.body.put(u32_bytes(&streams.offsets));
                 let model_offset = self.body.len;
-                self.body.write(&streams.selectors)?;
+                self.body.put(streams.selectors);
                 json!({
                     "first": first,
                     "scans": scans64,
                     "payload_offset": payload_offset,
-                    "payload_bytes": streams.payload.len(),
+                    "payload_bytes": streams.payload_len,
                     "offset_offset": offset_offset,
-                    "offset_bytes": 4 * streams.offsets.len(),
+                    "offset_bytes": offset_bytes,
                     "model_offset": model_offset,
-                    "model_bytes": streams.selectors.len(),
+                    "model_bytes": model_bytes,
                 })
             }
         };
         self.chunks.push(entry);
         self.frames_done += scans64;
-        Ok(())
+        // The chunk's bytes are hashed and written while the next is encoded.
+        self.body.send()
     }
 
-    /// The complete header and the file's first 56 bytes.
-    fn envelope(&mut self) -> Result<(Vec<u8>, WriteSummary), WriteError> {
+    /// Waits for the body's thread: the body's sink and `sha256` list,
+    /// once every frame was pushed.
+    fn written(&mut self) -> Result<body::Written, WriteError> {
         let expected = self.frames * self.frame_bytes();
         let got = self.frames_done * self.frame_bytes() + self.pending.len() as u64;
         if got != expected {
             return Err(WriteError::Incomplete { got, expected });
         }
+        self.body.finish()
+    }
+
+    /// The complete header and the file's first 56 bytes.
+    fn envelope(&mut self, digests: Vec<Value>) -> Result<(Vec<u8>, WriteSummary), WriteError> {
         let mut header = std::mem::take(&mut self.header);
         header.insert("bytes".into(), self.body.len.into());
-        header.insert("sha256".into(), Value::Array(self.body.digests()));
+        header.insert("sha256".into(), Value::Array(digests));
         header.insert(
             "chunks".into(),
             Value::Array(std::mem::take(&mut self.chunks)),
@@ -750,44 +708,40 @@ impl Writer {
 
     /// Writes the header and publishes the file under its name.
     pub fn finish(mut self) -> Result<WriteSummary, WriteError> {
-        let (head, summary) = self.envelope()?;
-        let target = self.target.clone().ok_or(WriteError::WrongFinish)?;
-        let Sink::Spool { file, temp } =
-            std::mem::replace(&mut self.body.sink, Sink::Memory(Vec::new()))
-        else {
+        if self.target.is_none() {
+            return Err(WriteError::WrongFinish);
+        }
+        let written = self.written()?;
+        let (head, summary) = self.envelope(written.digests)?;
+        let (Sink::Spool(spool, temp), Some(out)) = (written.sink, self.out.take()) else {
             return Err(WriteError::WrongFinish);
         };
-        let mut spool = file
-            .into_inner()
-            .map_err(|e| io_error(&temp.path, e.into_error()))?;
-        let mut out = AtomicFile::create(&target, self.overwrite).map_err(publish_error)?;
-        let out_path = out.target().to_path_buf();
-        out.file()
-            .write_all(&head)
-            .map_err(|e| io_error(&out_path, e))?;
-        spool.rewind().map_err(|e| io_error(&temp.path, e))?;
-        // File to file: std uses copy_file_range on Linux.
-        let copied = io::copy(&mut spool, out.file()).map_err(|e| io_error(&out_path, e))?;
-        if copied != summary.body_bytes {
+        let spooled = spool.finish().map_err(|e| io_error(&temp, e))?;
+        if spooled.len != summary.body_bytes {
             return Err(io_error(
-                &temp.path,
+                &temp,
                 io::Error::new(io::ErrorKind::UnexpectedEof, "spooled body changed size"),
             ));
         }
+        let file = spooled.put_head(&head).map_err(|e| io_error(&temp, e))?;
+        drop(file);
         out.publish().map_err(publish_error)?;
-        drop(temp);
         Ok(summary)
     }
 
     /// Finishes an [`in_memory`](Writer::in_memory) writer: the file's bytes.
     pub fn finish_to_vec(mut self) -> Result<Vec<u8>, WriteError> {
-        let (mut head, _) = self.envelope()?;
-        match std::mem::replace(&mut self.body.sink, Sink::Memory(Vec::new())) {
+        if self.target.is_some() {
+            return Err(WriteError::WrongFinish);
+        }
+        let written = self.written()?;
+        let (mut head, _) = self.envelope(written.digests)?;
+        match written.sink {
             Sink::Memory(body) => {
                 head.extend_from_slice(&body);
                 Ok(head)
             }
-            Sink::Spool { .. } => Err(WriteError::WrongFinish),
+            Sink::Spool(..) => Err(WriteError::WrongFinish),
         }
     }
 }
@@ -992,19 +946,23 @@ fn u32_bytes(values: &[u32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// Writes one 8-aligned array and returns its `{offset, count}` entry.
-fn array(body: &mut Body, bytes: &[u8], count: usize) -> Result<Value, WriteError> {
-    let offset = body.align8()?;
-    body.write(bytes)?;
-    Ok(json!({"count": count, "offset": offset}))
+/// Lays out one 8-aligned array from its pieces and returns its
+/// `{offset, count}` entry.
+fn array(body: &mut Body, pieces: impl IntoIterator<Item = Vec<u8>>, count: usize) -> Value {
+    let offset = body.align8();
+    for piece in pieces {
+        body.put(piece);
+    }
+    json!({"count": count, "offset": offset})
 }
 
-fn write_count_arrays(body: &mut Body, s: &chunk::Streams) -> Result<Vec<Value>, WriteError> {
-    Ok(vec![
-        array(body, &s.payload, s.payload.len())?,
-        array(body, &u32_bytes(&s.offsets), s.offsets.len())?,
-        array(body, &s.selectors, s.selectors.len())?,
-    ])
+fn write_count_arrays(body: &mut Body, s: chunk::Streams) -> Vec<Value> {
+    let (offsets, selectors) = (s.offsets.len(), s.selectors.len());
+    vec![
+        array(body, s.payload, s.payload_len),
+        array(body, [u32_bytes(&s.offsets)], offsets),
+        array(body, [s.selectors], selectors),
+    ]
 }
 
 /// Arrays 3–5 of an integer chunk.

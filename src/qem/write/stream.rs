@@ -268,9 +268,13 @@ fn plan(values: &[u16], choice: ModelChoice) -> Plan {
 }
 
 fn write_literal(values: &[u16], out: &mut Vec<u8>) {
-    out.reserve(2 * values.len());
-    for &v in values {
-        out.extend_from_slice(&v.to_le_bytes());
+    if cfg!(target_endian = "little") {
+        out.extend_from_slice(bytemuck::cast_slice(values));
+    } else {
+        out.reserve(2 * values.len());
+        for &v in values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
 }
 
