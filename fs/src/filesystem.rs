@@ -140,13 +140,14 @@ impl fuser::Filesystem for QemFs {
             Err(e) => return reply.error(errno(&e)),
         };
         let log = Arc::clone(&self.log);
-        self.pool.spawn(move || match file.read(offset, size) {
-            Ok(bytes) => reply.data(&bytes),
-            Err(e) => {
-                log(&format!("read failed: {e}"));
-                reply.error(errno(&e));
-            }
-        });
+        self.pool
+            .spawn(move || match file.read_bytes(offset, size) {
+                Ok(bytes) => reply.data(&bytes),
+                Err(e) => {
+                    log(&format!("read failed: {e}"));
+                    reply.error(errno(&e));
+                }
+            });
     }
 
     fn release(

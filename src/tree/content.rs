@@ -31,6 +31,46 @@ pub trait Content: Send + Sync {
     fn pin(&self) -> Result<(), TreeError> {
         Ok(())
     }
+
+    /// The bytes `[offset, offset + len)` (clamped to the size) when they
+    /// lie whole in one value this content already holds or loads (a
+    /// decoded window, a computed file), lent out so that a reply is sent
+    /// from there: a 1 MiB read of `data.npy` then costs no buffer and no
+    /// copy in the daemon. `None`: they do not (a read across two windows,
+    /// a header), and [`read_at`](Self::read_at) serves them. Both give
+    /// the same bytes.
+    fn held_at(&self, _offset: u64, _len: usize) -> Result<Option<Held>, TreeError> {
+        Ok(None)
+    }
+}
+
+/// A range of bytes held in the budget (or by whoever made them), lent to
+/// a reader: the range stays valid for as long as the `Held` lives, even
+/// if the budget lets the value go meanwhile.
+#[derive(Clone)]
+pub struct Held {
+    bytes: Arc<Vec<u8>>,
+    range: std::ops::Range<usize>,
+}
+
+impl Held {
+    /// `bytes[start..start + len]`, clamped to the value's end.
+    pub fn new(bytes: Arc<Vec<u8>>, start: usize, len: usize) -> Self {
+        let start = start.min(bytes.len());
+        let end = start + len.min(bytes.len() - start);
+        Held {
+            bytes,
+            range: start..end,
+        }
+    }
+}
+
+impl std::ops::Deref for Held {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[self.range.clone()]
+    }
 }
 
 /// Copies the part of `bytes` at `offset` into `buf`.
@@ -139,6 +179,13 @@ impl Content for Lazy {
             return Ok(0);
         }
         Ok(copy_range(&self.bytes()?, offset, buf))
+    }
+
+    fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
+        if offset >= self.size {
+            return Ok(None);
+        }
+        Ok(Some(Held::new(self.bytes()?, offset as usize, len)))
     }
 }
 

@@ -17,7 +17,7 @@ use crate::qem::{BlockCursor, BlockInfo, Codec, Dtype, LogicalDigest, QemFile, W
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
-use super::content::{copy_range, Content, Lazy, Passthrough};
+use super::content::{copy_range, Content, Held, Lazy, Passthrough};
 use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
 use super::{virtual_dir, zarr_view};
 
@@ -36,6 +36,9 @@ pub struct QemView {
     /// sequential reader's next window goes on from the last one; at most
     /// [`CURSORS`], each about 18 bytes per detector pixel.
     cursors: Mutex<Vec<(bool, BlockCursor)>>,
+    /// The window last served by decoding only the frames a small read
+    /// asked for (see `read_few`): a second small read there loads it.
+    few: Mutex<Option<BlockKey>>,
     /// Float files: the whole-array checksum, fed by sequential readers of
     /// the decoded array (see `check_logical`).
     logical: Option<Mutex<LogicalDigest>>,
@@ -230,6 +233,136 @@ impl QemView {
         }
     }
 
+    /// Bytes of one element frame-major array frame (`pixels` elements).
+    fn frame_bytes(&self, codes: bool) -> u64 {
+        (self.file.pixels() * self.element_size(codes)) as u64
+    }
+
+    /// Where decoded array byte `at` lies: its block and the window of
+    /// that block (first frame, frame count) holding it.
+    fn span_of(&self, at: u64, codes: bool) -> Result<(BlockInfo, usize, usize), TreeError> {
+        let frame = (at / self.frame_bytes(codes)) as usize;
+        let info = *self
+            .file
+            .block_of_frame(frame)
+            .map_err(|e| self.decode_error(e))?;
+        let (window, n) = self.window_of(&info, frame - info.first_frame);
+        Ok((info, window, n))
+    }
+
+    /// The decoded window holding array byte `at` and where `at` lies in
+    /// it; notes sequential reading (prefetching the next window) and
+    /// feeds a float file's whole-array checksum.
+    fn piece(self: &Arc<Self>, at: u64, codes: bool) -> Result<(Arc<Vec<u8>>, usize), TreeError> {
+        let (info, window, n) = self.span_of(at, codes)?;
+        let block = self.window(info.index, window, codes)?;
+        // Sequential reading: this window again, or the one after the
+        // last one read (counted in frames of the whole array).
+        let (start, end) = (info.first_frame + window, info.first_frame + window + n);
+        let previous = self.last_block.swap(end, Ordering::Relaxed);
+        if previous == end || previous == start {
+            self.prefetch(BlockKey {
+                view: self.id,
+                block: info.index,
+                window,
+                codes,
+            });
+        }
+        if let Some(Ok(mut digest)) = self.logical(codes).map(Mutex::try_lock) {
+            digest
+                .feed_window(&self.file, info.index, window..window + n, &block)
+                .map_err(|e| self.decode_error(e))?;
+        }
+        let window_start = start as u64 * self.frame_bytes(codes);
+        Ok((block, (at - window_start) as usize))
+    }
+
+    /// The whole-array checksum a read of decoded values feeds (float
+    /// files).
+    fn logical(&self, codes: bool) -> Option<&Mutex<LogicalDigest>> {
+        self.logical.as_ref().filter(|_| !codes)
+    }
+
+    /// Refuses a read of a float file whose whole-array checksum is known
+    /// to disagree.
+    fn check_verdict(&self, codes: bool) -> Result<(), TreeError> {
+        if let (Some(_), Some(Err(e))) = (self.logical(codes), self.file.logical_verdict()) {
+            return Err(self.decode_error(e));
+        }
+        Ok(())
+    }
+
+    /// A read that ends the decoded array: the float checksum must hold.
+    fn finish_read(self: &Arc<Self>, end: u64, codes: bool) -> Result<(), TreeError> {
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        match self.logical(codes) {
+            Some(digest) if end == total => self.check_logical(digest),
+            _ => Ok(()),
+        }
+    }
+
+    /// The window holding `[at, at + len)` when that read is small (at
+    /// most [`FEW_FRAMES`] frames, in one window), the window is neither
+    /// held nor being decoded, and the read does not go on from the one
+    /// before (a sequential reader wants the whole window, and the next).
+    fn few_key(&self, at: u64, len: usize, codes: bool) -> Result<Option<BlockKey>, TreeError> {
+        let fb = self.frame_bytes(codes);
+        let total = fb * self.file.frames() as u64;
+        let end = at.saturating_add(len as u64);
+        if len == 0 || end > total || (len as u64) > FEW_FRAMES * fb {
+            return Ok(None);
+        }
+        let (info, window, n) = self.span_of(at, codes)?;
+        let (start, stop) = (info.first_frame + window, info.first_frame + window + n);
+        if end > stop as u64 * fb || self.last_block.load(Ordering::Relaxed) == start {
+            return Ok(None);
+        }
+        let key = BlockKey {
+            view: self.id,
+            block: info.index,
+            window,
+            codes,
+        };
+        let again = *self.few.lock().unwrap_or_else(|e| e.into_inner()) == Some(key);
+        Ok((!again && !self.cache.is_present_or_loading(key)).then_some(key))
+    }
+
+    /// A small read of a window no one holds (one frame of a random
+    /// block, through `frames/`): only the frames it covers are decoded,
+    /// in a buffer of their size, instead of the whole block into fresh
+    /// memory. Faulting in a 16 MiB block for one 32 KiB frame cost more
+    /// than decoding it. A second small read of the same window loads the
+    /// window (a reader going through the frames of a block), and so does
+    /// any read that goes on from the window before.
+    fn read_few(
+        self: &Arc<Self>,
+        offset: u64,
+        buf: &mut [u8],
+        codes: bool,
+    ) -> Result<Option<usize>, TreeError> {
+        let Some(key) = self.few_key(offset, buf.len(), codes)? else {
+            return Ok(None);
+        };
+        let fb = self.frame_bytes(codes);
+        let (first, last) = (offset / fb, (offset + buf.len() as u64 - 1) / fb);
+        let frames = first as usize..last as usize + 1;
+        let mut out = vec![0u8; frames.len() * fb as usize];
+        let faults = self.file.faults();
+        let decoded = if codes {
+            self.file.read_frame_codes_le(frames, &mut out)
+        } else {
+            self.file.read_frames(frames, &mut out)
+        };
+        decoded.map_err(|e| self.decode_error(e))?;
+        if self.file.faults() != faults {
+            return Err(self.decode_error(mapguard::CHANGED));
+        }
+        *self.few.lock().unwrap_or_else(|e| e.into_inner()) = Some(key);
+        let n = copy_range(&out, offset - first * fb, buf);
+        self.finish_read(offset + n as u64, codes)?;
+        Ok(Some(n))
+    }
+
     /// Copies decoded array bytes `[offset, offset + buf.len())` (offsets
     /// into the C-order array) into `buf`.
     pub(super) fn read_dense(
@@ -238,48 +371,48 @@ impl QemView {
         buf: &mut [u8],
         codes: bool,
     ) -> Result<usize, TreeError> {
-        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
-        let total = frame_bytes * self.file.frames() as u64;
-        let logical = self.logical.as_ref().filter(|_| !codes);
-        if let (Some(_), Some(Err(e))) = (logical, self.file.logical_verdict()) {
-            return Err(self.decode_error(e));
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        self.check_verdict(codes)?;
+        if let Some(n) = self.read_few(offset, buf, codes)? {
+            return Ok(n);
         }
         let mut done = 0usize;
         while done < buf.len() && offset + (done as u64) < total {
-            let at = offset + done as u64;
-            let frame = (at / frame_bytes) as usize;
-            let info = *self
-                .file
-                .block_of_frame(frame)
-                .map_err(|e| self.decode_error(e))?;
-            let (window, n) = self.window_of(&info, frame - info.first_frame);
-            let block = self.window(info.index, window, codes)?;
-            // Sequential reading: this window again, or the one after the
-            // last one read (counted in frames of the whole array).
-            let (start, end) = (info.first_frame + window, info.first_frame + window + n);
-            let previous = self.last_block.swap(end, Ordering::Relaxed);
-            if previous == end || previous == start {
-                self.prefetch(BlockKey {
-                    view: self.id,
-                    block: info.index,
-                    window,
-                    codes,
-                });
-            }
-            let window_start = start as u64 * frame_bytes;
-            done += copy_range(&block, at - window_start, &mut buf[done..]);
-            if let Some(Ok(mut digest)) = logical.map(Mutex::try_lock) {
-                digest
-                    .feed_window(&self.file, info.index, window..window + n, &block)
-                    .map_err(|e| self.decode_error(e))?;
-            }
+            let (block, from) = self.piece(offset + done as u64, codes)?;
+            done += copy_range(&block, from as u64, &mut buf[done..]);
         }
-        if let Some(digest) = logical {
-            if done > 0 && offset + done as u64 == total {
-                self.check_logical(digest)?;
-            }
+        if done > 0 {
+            self.finish_read(offset + done as u64, codes)?;
         }
         Ok(done)
+    }
+
+    /// Decoded array bytes `[offset, offset + len)` lent from the window
+    /// that holds them all, when one does (see [`Content::held_at`]); the
+    /// same bookkeeping as [`read_dense`](Self::read_dense).
+    pub(super) fn held_dense(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+        codes: bool,
+    ) -> Result<Option<Held>, TreeError> {
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        let end = offset.saturating_add(len as u64);
+        if len == 0 || end > total {
+            return Ok(None);
+        }
+        let (info, window, n) = self.span_of(offset, codes)?;
+        let window_end = (info.first_frame + window + n) as u64 * self.frame_bytes(codes);
+        if end > window_end {
+            return Ok(None);
+        }
+        if self.few_key(offset, len, codes)?.is_some() {
+            return Ok(None);
+        }
+        self.check_verdict(codes)?;
+        let (block, from) = self.piece(offset, codes)?;
+        self.finish_read(end, codes)?;
+        Ok(Some(Held::new(block, from, len)))
     }
 
     /// A read reached the end of the decoded float array: the whole array
@@ -328,6 +461,10 @@ impl QemView {
 struct Recycler {
     handed: Mutex<std::collections::VecDeque<Arc<Vec<u8>>>>,
 }
+
+/// Reads of at most this many frames of a window no one holds decode just
+/// those frames (see `QemView::read_few`).
+const FEW_FRAMES: u64 = 2;
 
 /// Cursors kept per opened file (readers at different places of huge blocks).
 const CURSORS: usize = 2;
@@ -418,6 +555,14 @@ impl Content for DenseArray {
                 .read_dense(data_offset, &mut buf[done..], self.codes)?;
         }
         Ok(done)
+    }
+
+    fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
+        let h = self.header.len() as u64;
+        match offset.checked_sub(h) {
+            Some(at) => self.view.held_dense(at, len, self.codes),
+            None => Ok(None),
+        }
     }
 }
 
@@ -607,6 +752,7 @@ pub fn directory(
         cache,
         last_block: AtomicUsize::new(usize::MAX - 1),
         cursors: Mutex::new(Vec::new()),
+        few: Mutex::new(None),
         logical,
     });
     let file = &view.file;
