@@ -90,6 +90,22 @@ impl QemView {
         window: usize,
         codes: bool,
     ) -> Result<Arc<Vec<u8>>, TreeError> {
+        self.load_window(index, window, codes, true)
+    }
+
+    /// As [`window`](Self::window); with `reserve`, a load this call
+    /// starts first sets the window's bytes aside in the budget (evicting
+    /// to make room) for as long as it decodes, so that readers decoding
+    /// at once stay within the budget as prefetches do. A load that the
+    /// whole budget cannot hold beside the others still runs: a reader is
+    /// always answered. Prefetches hold their own reservation.
+    fn load_window(
+        self: &Arc<Self>,
+        index: usize,
+        window: usize,
+        codes: bool,
+        reserve: bool,
+    ) -> Result<Arc<Vec<u8>>, TreeError> {
         let key = BlockKey {
             view: self.id,
             block: index,
@@ -106,6 +122,14 @@ impl QemView {
             let n = self
                 .window_frames(&info)
                 .min(info.frames.saturating_sub(window));
+            let bytes = n * if codes {
+                2 * self.file.pixels()
+            } else {
+                self.file.frame_bytes()
+            };
+            let _reserved = reserve
+                .then(|| self.cache.reserve_while(bytes, 1024))
+                .flatten();
             let decoded = if n == info.frames {
                 if codes {
                     let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
@@ -221,7 +245,7 @@ impl QemView {
                 return;
             }
             // A failure surfaces when a reader asks for the window itself.
-            let _ = view.window(index, window, codes);
+            let _ = view.load_window(index, window, codes, false);
         });
     }
 
