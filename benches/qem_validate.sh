@@ -10,6 +10,8 @@
 # each figure: on a shared machine compare runs made in the same minutes.
 #
 #   bash benches/qem_validate.sh [FILE] [N]      (defaults /tmp/a.qem, 5)
+#   LIMIT_OUT=saved.txt bash benches/qem_validate.sh   (reuse a saved
+#   run.sh output: the ceiling takes about a minute on a quiet machine)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 file=${1:-/tmp/a.qem}
@@ -25,8 +27,8 @@ fi
 
 limit=../shared/limit/run.sh
 ceiling="" ceiling_avx2=""
-if [ -f "$limit" ]; then
-  out=$(bash "$limit")
+if [ -n "${LIMIT_OUT:-}" ] || [ -f "$limit" ]; then
+  if [ -n "${LIMIT_OUT:-}" ]; then out=$(cat "$LIMIT_OUT"); else out=$(bash "$limit"); fi
   printf '%s\n' "$out" | grep -E '^(cpu|ceiling)' || true
   ceiling=$(printf '%s\n' "$out" | sed -n 's/^ceiling: \([0-9.]*\) G.*/\1/p')
   # The best AVX2 kernel's full-array rate on 2 threads, if one ran.
