@@ -11,6 +11,8 @@ the machine may be shared:
 
 1. `qem cat FILE data.npy > /dev/null`: the reference rate;
 2. `data.npy` read sequentially through the mount (4 MiB reads), cold;
+   then with every block held and the file's page cache dropped: what
+   FUSE alone costs, the mount's ceiling here;
 3. the first frame read after mounting (opening the container and
    verifying its body checksums included), a frame of another block no
    one has read (cold), then one frame again and again (warm: open + read
@@ -84,6 +86,24 @@ def main():
             print(f"mount data.npy sequential, cold: {s:.3f} s, {n / s / 1e6:.0f} MB/s "
                   f"({cat_s / s * 100:.0f}% of qem cat); daemon peak RSS {m.hwm_mib():.0f} MiB  "
                   f"[{load()}]")
+        finally:
+            m.close()
+
+        # What FUSE itself costs: every block held (a budget the size of
+        # the array), the page cache dropped for the file, read again. No
+        # decoding happens; this is the mount's ceiling on this machine.
+        m = Mount(src, max(args.cache_size, dense // (1 << 20) + 64))
+        try:
+            path = m.mnt / "scan.qem" / "data.npy"
+            read_files([path])
+            fd = os.open(path, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
+            t = time.perf_counter()
+            n = read_files([path])
+            s = time.perf_counter() - t
+            print(f"mount data.npy sequential, every block held, page cache dropped (FUSE alone): "
+                  f"{s:.3f} s, {n / s / 1e6:.0f} MB/s  [{load()}]")
         finally:
             m.close()
 

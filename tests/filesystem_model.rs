@@ -778,7 +778,7 @@ fn run(ops: Vec<Op>) {
                         ..
                     } => {
                         let want = expected.range(offset, size);
-                        let got = got.map(|b| b.to_vec()).map_err(|e| e.errno());
+                        let got = got.map_err(|e| e.errno());
                         match (&got, &want) {
                             (Ok(b), Ok(want)) if *degraded => {
                                 assert!(want.starts_with(b), "{at}: {inner}: wrong bytes")

@@ -655,3 +655,103 @@ fn data_tiff_pages_are_the_frames_in_any_read_size() {
     }
     assert!(!decoder.more_images());
 }
+
+/// What a read answers with through `held_at` (lent from a held window,
+/// as the mount replies) or, where that declines, `read_at`.
+fn lent_or_copied(f: &dyn qemfs::tree::Content, offset: u64, len: usize) -> (Vec<u8>, bool) {
+    let len = len.min(f.size().saturating_sub(offset) as usize);
+    if let Some(held) = f.held_at(offset, len).unwrap() {
+        assert_eq!(held.len(), len, "lent {} of {len} at {offset}", held.len());
+        return (held.to_vec(), true);
+    }
+    let mut buf = vec![0u8; len];
+    let mut done = 0;
+    while done < len {
+        let n = f.read_at(offset + done as u64, &mut buf[done..]).unwrap();
+        assert!(n > 0);
+        done += n;
+    }
+    (buf, false)
+}
+
+/// Reads of `data.npy` lent from the cached window that holds them (the
+/// mount's zero-copy reply) give the bytes a copying read gives, at block
+/// edges, across them, in the header and at the end; a float file read
+/// that way end to end still has its whole-array checksum checked.
+#[test]
+fn reads_lent_from_held_windows_match_copied_reads() {
+    use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let shape = [40u64, 100, 8, 8];
+    let sm = scientific_metadata(shape, &Calibration::default()).unwrap();
+    let frames = (shape[0] * shape[1]) as usize;
+    let dense: Vec<u8> = (0..frames * 64)
+        .flat_map(|i| (((i * 2654435761usize) >> 7) as u16 % 9).to_le_bytes())
+        .collect();
+    qemfs::qem::write::write_file(
+        dir.path().join("blocks.qem"),
+        WriteSpec::counts(shape, CountDtype::U16, sm).with_chunk_scans(512),
+        &dense,
+    )
+    .unwrap();
+    fs::copy(
+        examples().join("empad-f32.qem"),
+        dir.path().join("float.qem"),
+    )
+    .unwrap();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let file = |p: &str| match tree.resolve(p).unwrap() {
+        Node::File(f, _) => f,
+        _ => panic!("{p} is not a file"),
+    };
+
+    let data = file("blocks.qem/data.npy");
+    let header = data.size() - dense.len() as u64;
+    let block = 512 * 128u64;
+    let mut lent = 0;
+    for (offset, len, must_lend) in [
+        (0, 100, false),
+        (header - 10, 4096, false),
+        (header, 4096, true),
+        (header + 1000, 60000, true),
+        (header + block - 100, 4096, false),
+        (header + block, block as usize, true),
+        (header + 3 * block + 7, 1 << 20, false),
+        (data.size() - 50, 4096, true),
+    ] {
+        let (got, was_lent) = lent_or_copied(data.as_ref(), offset, len);
+        let start = (offset - header.min(offset)) as usize;
+        if offset >= header {
+            assert_eq!(got, dense[start..start + got.len()], "at {offset}");
+        }
+        let mut copied = vec![0u8; got.len()];
+        assert_eq!(data.read_at(offset, &mut copied).unwrap(), got.len());
+        assert_eq!(got, copied, "at {offset} (+{len})");
+        assert!(
+            was_lent || !must_lend,
+            "{offset} +{len} was copied, not lent"
+        );
+        lent += usize::from(was_lent);
+    }
+    assert_eq!(lent, 4);
+
+    // The float file end to end in 4 KiB reads, lent where they can be.
+    let data = file("float.qem/data.npy");
+    let whole = read_all(data.as_ref()).unwrap();
+    let fresh = Tree::new(dir.path(), &TreeOptions::default());
+    let Node::File(data, _) = fresh.resolve("float.qem/data.npy").unwrap() else {
+        panic!("not a file")
+    };
+    let (mut out, mut lent) = (Vec::new(), 0);
+    while (out.len() as u64) < data.size() {
+        let (bytes, was_lent) = lent_or_copied(data.as_ref(), out.len() as u64, 4096);
+        lent += usize::from(was_lent);
+        out.extend(bytes);
+    }
+    assert_eq!(out, whole);
+    assert!(lent > 0, "no read of the float file was lent");
+    assert_eq!(
+        read(&fresh, "float.qem/logical_sha256"),
+        read(&tree, "float.qem/logical_sha256")
+    );
+}

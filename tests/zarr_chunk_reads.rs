@@ -83,11 +83,11 @@ fn check_chunks(fs: &Filesystem, tree: &Tree, name: &str, piece: u32) -> usize {
             let file = fs.file(fh).unwrap();
             let mut got = Vec::new();
             loop {
-                let bytes = file.read(got.len() as u64, piece).unwrap();
+                let bytes = file.read_bytes(got.len() as u64, piece).unwrap();
                 if bytes.is_empty() {
                     break;
                 }
-                shared += matches!(bytes, ReadBytes::Shared(_)) as usize;
+                shared += matches!(bytes, ReadBytes::Held(_)) as usize;
                 got.extend_from_slice(&bytes);
             }
             fs.release(fh);

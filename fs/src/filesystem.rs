@@ -140,7 +140,7 @@ impl fuser::Filesystem for QemFs {
             Err(e) => return reply.error(errno(&e)),
         };
         let log = Arc::clone(&self.log);
-        let job = Box::new(move || match file.read(offset, size) {
+        let job = Box::new(move || match file.read_bytes(offset, size) {
             Ok(bytes) => reply.data(&bytes),
             Err(e) => {
                 log(&format!("read failed: {e}"));

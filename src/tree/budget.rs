@@ -131,6 +131,15 @@ impl Budget {
         self.cache.unreserve(bytes);
     }
 
+    /// As [`reserve`](Self::reserve), given back when the guard is
+    /// dropped; `None` (nothing set aside) when `share` cannot hold it.
+    pub fn reserve_while(&self, bytes: usize, share: usize) -> Option<Reservation<'_>> {
+        self.reserve(bytes, share).then_some(Reservation {
+            budget: self,
+            bytes,
+        })
+    }
+
     /// Whether `key` is held or being loaded.
     pub fn is_present_or_loading(&self, key: impl Into<CacheKey>) -> bool {
         self.cache.is_present_or_loading(&key.into())
@@ -143,6 +152,18 @@ impl Budget {
 
     pub fn stats(&self) -> CacheStats {
         self.cache.stats()
+    }
+}
+
+/// Bytes of a budget set aside for a load under way, until dropped.
+pub struct Reservation<'a> {
+    budget: &'a Budget,
+    bytes: usize,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.budget.unreserve(self.bytes);
     }
 }
 
@@ -185,5 +206,23 @@ mod tests {
         assert!(budget.get::<Vec<u8>>(image).is_none());
         budget.remove_where(|k| k.view() == 1);
         assert_eq!(budget.stats().entries, 0);
+    }
+
+    /// A load's reservation makes room before the load runs and is given
+    /// back when it ends; one the budget cannot hold is refused.
+    #[test]
+    fn a_reservation_evicts_first_and_is_given_back() {
+        let budget = Budget::new(1 << 20);
+        let image = budget.derived(1);
+        budget.keep(image, Arc::new(Image(vec![0.0; 80_000])));
+        assert_eq!(budget.stats().entries, 1);
+        {
+            let held = budget.reserve_while(600_000, 1024);
+            assert!(held.is_some());
+            let stats = budget.stats();
+            assert_eq!((stats.entries, stats.reserved), (0, 600_000), "{stats:?}");
+            assert!(budget.reserve_while(600_000, 1024).is_none());
+        }
+        assert_eq!(budget.stats().reserved, 0);
     }
 }

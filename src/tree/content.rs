@@ -20,14 +20,6 @@ pub trait Content: Send + Sync {
     /// read, 0 at or past the end.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError>;
 
-    /// The `len` bytes at `offset` as a piece of a buffer this content
-    /// already holds (a cached decoded block), when they all lie in one:
-    /// a read is then answered from it without a copy. `None` sends the
-    /// read to `read_at`.
-    fn shared_at(&self, _offset: u64, _len: usize) -> Result<Option<Shared>, TreeError> {
-        Ok(None)
-    }
-
     /// A source file served as it is (keeps its execute bits).
     fn is_passthrough(&self) -> bool {
         false
@@ -39,23 +31,41 @@ pub trait Content: Send + Sync {
     fn pin(&self) -> Result<(), TreeError> {
         Ok(())
     }
+
+    /// The bytes `[offset, offset + len)` (clamped to the size) when they
+    /// lie whole in one value this content already holds or loads (a
+    /// decoded window, a computed file), lent out so that a reply is sent
+    /// from there: a 1 MiB read of `data.npy` then costs no buffer and no
+    /// copy in the daemon. `None`: they do not (a read across two windows,
+    /// a header), and [`read_at`](Self::read_at) serves them. Both give
+    /// the same bytes.
+    fn held_at(&self, _offset: u64, _len: usize) -> Result<Option<Held>, TreeError> {
+        Ok(None)
+    }
 }
 
-/// A range of a buffer held elsewhere (the cache), kept alive while read.
-pub struct Shared {
+/// A range of bytes held in the budget (or by whoever made them), lent to
+/// a reader: the range stays valid for as long as the `Held` lives, even
+/// if the budget lets the value go meanwhile.
+#[derive(Clone)]
+pub struct Held {
     bytes: Arc<Vec<u8>>,
     range: std::ops::Range<usize>,
 }
 
-impl Shared {
-    /// `bytes[range]`; `None` when the range is not inside `bytes`.
-    pub fn new(bytes: Arc<Vec<u8>>, range: std::ops::Range<usize>) -> Option<Shared> {
-        bytes.get(range.clone())?;
-        Some(Shared { bytes, range })
+impl Held {
+    /// `bytes[start..start + len]`, clamped to the value's end.
+    pub fn new(bytes: Arc<Vec<u8>>, start: usize, len: usize) -> Self {
+        let start = start.min(bytes.len());
+        let end = start + len.min(bytes.len() - start);
+        Held {
+            bytes,
+            range: start..end,
+        }
     }
 }
 
-impl std::ops::Deref for Shared {
+impl std::ops::Deref for Held {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
@@ -169,6 +179,13 @@ impl Content for Lazy {
             return Ok(0);
         }
         Ok(copy_range(&self.bytes()?, offset, buf))
+    }
+
+    fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
+        if offset >= self.size {
+            return Ok(None);
+        }
+        Ok(Some(Held::new(self.bytes()?, offset as usize, len)))
     }
 }
 

@@ -20,8 +20,7 @@ use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use super::content::Shared;
-use super::{Attr, Content, Node, Tree, TreeError};
+use super::{Attr, Content, Held, Node, Tree, TreeError};
 use crate::sync::{lock, AtomicU64, Mutex, Ordering};
 
 /// How long the kernel may trust names and attributes. Short, so that a
@@ -258,14 +257,21 @@ pub struct OpenFile {
 
 impl OpenFile {
     /// The bytes `[offset, offset + size)`, clamped to the file's size.
-    pub fn read(&self, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
+    pub fn read(&self, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
+        self.read_bytes(offset, size).map(|b| b.to_vec())
+    }
+
+    /// As [`read`](Self::read), lent from the value that holds them when
+    /// one does (see [`Content::held_at`]): what a reply sends without a
+    /// copy.
+    pub fn read_bytes(&self, offset: u64, size: u32) -> Result<ReadBytes, FsError> {
         let content = &self.content;
         let end = content.size().min(offset.saturating_add(u64::from(size)));
         let len = end.saturating_sub(offset) as usize;
         if len > 0 {
-            if let Some(shared) = content.shared_at(offset, len)? {
-                if shared.len() == len {
-                    return Ok(ReadBytes::Shared(shared));
+            if let Some(held) = content.held_at(offset, len)? {
+                if held.len() == len {
+                    return Ok(ReadBytes::Held(held));
                 }
             }
         }
@@ -282,11 +288,10 @@ impl OpenFile {
     }
 }
 
-/// What a read returns: bytes of its own, or a piece of a cached block
-/// (no copy made for the reply).
+/// The answer to a read: bytes copied for it, or lent from a held value.
 pub enum ReadBytes {
     Owned(Vec<u8>),
-    Shared(Shared),
+    Held(Held),
 }
 
 impl std::ops::Deref for ReadBytes {
@@ -295,7 +300,7 @@ impl std::ops::Deref for ReadBytes {
     fn deref(&self) -> &[u8] {
         match self {
             ReadBytes::Owned(v) => v,
-            ReadBytes::Shared(s) => s,
+            ReadBytes::Held(h) => h,
         }
     }
 }

@@ -35,7 +35,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
-pub use content::Content;
+pub use content::{Content, Held};
 pub use source::{Origin, SourceDir};
 
 use crate::qem::QemFile;

@@ -17,7 +17,7 @@ use crate::qem::{BlockCursor, BlockInfo, Codec, Dtype, LogicalDigest, QemFile, W
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
-use super::content::{copy_range, Content, Lazy, Passthrough, Shared};
+use super::content::{copy_range, Content, Held, Lazy, Passthrough};
 use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
 use super::{virtual_dir, zarr_view};
 
@@ -36,6 +36,9 @@ pub struct QemView {
     /// sequential reader's next window goes on from the last one; at most
     /// [`CURSORS`], each about 18 bytes per detector pixel.
     cursors: Mutex<Vec<(bool, BlockCursor)>>,
+    /// The window last served by decoding only the frames a small read
+    /// asked for (see `read_few`): a second small read there loads it.
+    few: Mutex<Option<BlockKey>>,
     /// Float files: the whole-array checksum, fed by sequential readers of
     /// the decoded array (see `check_logical`).
     logical: Option<Mutex<LogicalDigest>>,
@@ -87,6 +90,22 @@ impl QemView {
         window: usize,
         codes: bool,
     ) -> Result<Arc<Vec<u8>>, TreeError> {
+        self.load_window(index, window, codes, true)
+    }
+
+    /// As [`window`](Self::window); with `reserve`, a load this call
+    /// starts first sets the window's bytes aside in the budget (evicting
+    /// to make room) for as long as it decodes, so that readers decoding
+    /// at once stay within the budget as prefetches do. A load that the
+    /// whole budget cannot hold beside the others still runs: a reader is
+    /// always answered. Prefetches hold their own reservation.
+    fn load_window(
+        self: &Arc<Self>,
+        index: usize,
+        window: usize,
+        codes: bool,
+        reserve: bool,
+    ) -> Result<Arc<Vec<u8>>, TreeError> {
         let key = BlockKey {
             view: self.id,
             block: index,
@@ -103,6 +122,14 @@ impl QemView {
             let n = self
                 .window_frames(&info)
                 .min(info.frames.saturating_sub(window));
+            let bytes = n * if codes {
+                2 * self.file.pixels()
+            } else {
+                self.file.frame_bytes()
+            };
+            let _reserved = reserve
+                .then(|| self.cache.reserve_while(bytes, 1024))
+                .flatten();
             let decoded = if n == info.frames {
                 if codes {
                     let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
@@ -218,7 +245,7 @@ impl QemView {
                 return;
             }
             // A failure surfaces when a reader asks for the window itself.
-            let _ = view.window(index, window, codes);
+            let _ = view.load_window(index, window, codes, false);
         });
     }
 
@@ -230,95 +257,28 @@ impl QemView {
         }
     }
 
-    /// Copies decoded array bytes `[offset, offset + buf.len())` (offsets
-    /// into the C-order array) into `buf`.
-    pub(super) fn read_dense(
-        self: &Arc<Self>,
-        offset: u64,
-        buf: &mut [u8],
-        codes: bool,
-    ) -> Result<usize, TreeError> {
-        let total = self.dense_bytes(codes);
-        self.check_logical_verdict(codes)?;
-        let mut done = 0usize;
-        while done < buf.len() && offset + (done as u64) < total {
-            let at = offset + done as u64;
-            let (block, within) = self.dense_window(at, codes)?;
-            done += copy_range(&block, within as u64, &mut buf[done..]);
-        }
-        self.check_end(offset, done, codes)?;
-        Ok(done)
+    /// Bytes of one element frame-major array frame (`pixels` elements).
+    fn frame_bytes(&self, codes: bool) -> u64 {
+        (self.file.pixels() * self.element_size(codes)) as u64
     }
 
-    /// Decoded array bytes `[offset, offset + len)` as a piece of the one
-    /// cached window holding them all; `None` when they span two windows
-    /// or pass the end (the caller copies them with `read_dense`).
-    pub(super) fn shared_dense(
-        self: &Arc<Self>,
-        offset: u64,
-        len: usize,
-        codes: bool,
-    ) -> Result<Option<Shared>, TreeError> {
-        if offset.saturating_add(len as u64) > self.dense_bytes(codes) {
-            return Ok(None);
-        }
-        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
-        let frame = (offset / frame_bytes) as usize;
+    /// Where decoded array byte `at` lies: its block and the window of
+    /// that block (first frame, frame count) holding it.
+    fn span_of(&self, at: u64, codes: bool) -> Result<(BlockInfo, usize, usize), TreeError> {
+        let frame = (at / self.frame_bytes(codes)) as usize;
         let info = *self
             .file
             .block_of_frame(frame)
             .map_err(|e| self.decode_error(e))?;
         let (window, n) = self.window_of(&info, frame - info.first_frame);
-        let window_end = (info.first_frame + window + n) as u64 * frame_bytes;
-        if offset + len as u64 > window_end {
-            return Ok(None);
-        }
-        self.check_logical_verdict(codes)?;
-        let (block, within) = self.dense_window(offset, codes)?;
-        let shared = Shared::new(block, within..within + len)
-            .ok_or_else(|| TreeError::Internal("a window shorter than its frames".into()))?;
-        self.check_end(offset, len, codes)?;
-        Ok(Some(shared))
+        Ok((info, window, n))
     }
 
-    fn dense_bytes(&self, codes: bool) -> u64 {
-        (self.file.pixels() * self.element_size(codes)) as u64 * self.file.frames() as u64
-    }
-
-    fn check_logical_verdict(&self, codes: bool) -> Result<(), TreeError> {
-        if let (false, Some(_), Some(Err(e))) = (codes, &self.logical, self.file.logical_verdict())
-        {
-            return Err(self.decode_error(e));
-        }
-        Ok(())
-    }
-
-    /// A read of `done` bytes from `offset` that reached the end of the
-    /// decoded float array: see `check_logical`.
-    fn check_end(self: &Arc<Self>, offset: u64, done: usize, codes: bool) -> Result<(), TreeError> {
-        if let Some(digest) = self.logical.as_ref().filter(|_| !codes) {
-            if done > 0 && offset + done as u64 == self.dense_bytes(codes) {
-                self.check_logical(digest)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The cached window holding decoded array byte `at`, and where `at`
-    /// lies in it. Spots sequential reading (asks for the next window)
-    /// and feeds the float array's digest.
-    fn dense_window(
-        self: &Arc<Self>,
-        at: u64,
-        codes: bool,
-    ) -> Result<(Arc<Vec<u8>>, usize), TreeError> {
-        let frame_bytes = (self.file.pixels() * self.element_size(codes)) as u64;
-        let frame = (at / frame_bytes) as usize;
-        let info = *self
-            .file
-            .block_of_frame(frame)
-            .map_err(|e| self.decode_error(e))?;
-        let (window, n) = self.window_of(&info, frame - info.first_frame);
+    /// The decoded window holding array byte `at` and where `at` lies in
+    /// it; notes sequential reading (prefetching the next window) and
+    /// feeds a float file's whole-array checksum.
+    fn piece(self: &Arc<Self>, at: u64, codes: bool) -> Result<(Arc<Vec<u8>>, usize), TreeError> {
+        let (info, window, n) = self.span_of(at, codes)?;
         let block = self.window(info.index, window, codes)?;
         // Sequential reading: this window again, or the one after the
         // last one read (counted in frames of the whole array).
@@ -332,17 +292,151 @@ impl QemView {
                 codes,
             });
         }
-        if let Some(Ok(mut digest)) = self
-            .logical
-            .as_ref()
-            .filter(|_| !codes)
-            .map(Mutex::try_lock)
-        {
+        if let Some(Ok(mut digest)) = self.logical(codes).map(Mutex::try_lock) {
             digest
                 .feed_window(&self.file, info.index, window..window + n, &block)
                 .map_err(|e| self.decode_error(e))?;
         }
-        Ok((block, (at - start as u64 * frame_bytes) as usize))
+        let window_start = start as u64 * self.frame_bytes(codes);
+        Ok((block, (at - window_start) as usize))
+    }
+
+    /// The whole-array checksum a read of decoded values feeds (float
+    /// files).
+    fn logical(&self, codes: bool) -> Option<&Mutex<LogicalDigest>> {
+        self.logical.as_ref().filter(|_| !codes)
+    }
+
+    /// Refuses a read of a float file whose whole-array checksum is known
+    /// to disagree.
+    fn check_verdict(&self, codes: bool) -> Result<(), TreeError> {
+        if let (Some(_), Some(Err(e))) = (self.logical(codes), self.file.logical_verdict()) {
+            return Err(self.decode_error(e));
+        }
+        Ok(())
+    }
+
+    /// A read that ends the decoded array: the float checksum must hold.
+    fn finish_read(self: &Arc<Self>, end: u64, codes: bool) -> Result<(), TreeError> {
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        match self.logical(codes) {
+            Some(digest) if end == total => self.check_logical(digest),
+            _ => Ok(()),
+        }
+    }
+
+    /// The window holding `[at, at + len)` when that read is small (at
+    /// most [`FEW_FRAMES`] frames, in one window), the window is neither
+    /// held nor being decoded, and the read does not go on from the one
+    /// before (a sequential reader wants the whole window, and the next).
+    fn few_key(&self, at: u64, len: usize, codes: bool) -> Result<Option<BlockKey>, TreeError> {
+        let fb = self.frame_bytes(codes);
+        let total = fb * self.file.frames() as u64;
+        let end = at.saturating_add(len as u64);
+        if len == 0 || end > total || (len as u64) > FEW_FRAMES * fb {
+            return Ok(None);
+        }
+        let (info, window, n) = self.span_of(at, codes)?;
+        let (start, stop) = (info.first_frame + window, info.first_frame + window + n);
+        if end > stop as u64 * fb || self.last_block.load(Ordering::Relaxed) == start {
+            return Ok(None);
+        }
+        let key = BlockKey {
+            view: self.id,
+            block: info.index,
+            window,
+            codes,
+        };
+        let again = *self.few.lock().unwrap_or_else(|e| e.into_inner()) == Some(key);
+        Ok((!again && !self.cache.is_present_or_loading(key)).then_some(key))
+    }
+
+    /// A small read of a window no one holds (one frame of a random
+    /// block, through `frames/`): only the frames it covers are decoded,
+    /// in a buffer of their size, instead of the whole block into fresh
+    /// memory. Faulting in a 16 MiB block for one 32 KiB frame cost more
+    /// than decoding it. A second small read of the same window loads the
+    /// window (a reader going through the frames of a block), and so does
+    /// any read that goes on from the window before.
+    fn read_few(
+        self: &Arc<Self>,
+        offset: u64,
+        buf: &mut [u8],
+        codes: bool,
+    ) -> Result<Option<usize>, TreeError> {
+        let Some(key) = self.few_key(offset, buf.len(), codes)? else {
+            return Ok(None);
+        };
+        let fb = self.frame_bytes(codes);
+        let (first, last) = (offset / fb, (offset + buf.len() as u64 - 1) / fb);
+        let frames = first as usize..last as usize + 1;
+        let mut out = vec![0u8; frames.len() * fb as usize];
+        let faults = self.file.faults();
+        let decoded = if codes {
+            self.file.read_frame_codes_le(frames, &mut out)
+        } else {
+            self.file.read_frames(frames, &mut out)
+        };
+        decoded.map_err(|e| self.decode_error(e))?;
+        if self.file.faults() != faults {
+            return Err(self.decode_error(mapguard::CHANGED));
+        }
+        *self.few.lock().unwrap_or_else(|e| e.into_inner()) = Some(key);
+        let n = copy_range(&out, offset - first * fb, buf);
+        self.finish_read(offset + n as u64, codes)?;
+        Ok(Some(n))
+    }
+
+    /// Copies decoded array bytes `[offset, offset + buf.len())` (offsets
+    /// into the C-order array) into `buf`.
+    pub(super) fn read_dense(
+        self: &Arc<Self>,
+        offset: u64,
+        buf: &mut [u8],
+        codes: bool,
+    ) -> Result<usize, TreeError> {
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        self.check_verdict(codes)?;
+        if let Some(n) = self.read_few(offset, buf, codes)? {
+            return Ok(n);
+        }
+        let mut done = 0usize;
+        while done < buf.len() && offset + (done as u64) < total {
+            let (block, from) = self.piece(offset + done as u64, codes)?;
+            done += copy_range(&block, from as u64, &mut buf[done..]);
+        }
+        if done > 0 {
+            self.finish_read(offset + done as u64, codes)?;
+        }
+        Ok(done)
+    }
+
+    /// Decoded array bytes `[offset, offset + len)` lent from the window
+    /// that holds them all, when one does (see [`Content::held_at`]); the
+    /// same bookkeeping as [`read_dense`](Self::read_dense).
+    pub(super) fn held_dense(
+        self: &Arc<Self>,
+        offset: u64,
+        len: usize,
+        codes: bool,
+    ) -> Result<Option<Held>, TreeError> {
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        let end = offset.saturating_add(len as u64);
+        if len == 0 || end > total {
+            return Ok(None);
+        }
+        let (info, window, n) = self.span_of(offset, codes)?;
+        let window_end = (info.first_frame + window + n) as u64 * self.frame_bytes(codes);
+        if end > window_end {
+            return Ok(None);
+        }
+        if self.few_key(offset, len, codes)?.is_some() {
+            return Ok(None);
+        }
+        self.check_verdict(codes)?;
+        let (block, from) = self.piece(offset, codes)?;
+        self.finish_read(end, codes)?;
+        Ok(Some(Held::new(block, from, len)))
     }
 
     /// A read reached the end of the decoded float array: the whole array
@@ -391,6 +485,10 @@ impl QemView {
 struct Recycler {
     handed: Mutex<std::collections::VecDeque<Arc<Vec<u8>>>>,
 }
+
+/// Reads of at most this many frames of a window no one holds decode just
+/// those frames (see `QemView::read_few`).
+const FEW_FRAMES: u64 = 2;
 
 /// Cursors kept per opened file (readers at different places of huge blocks).
 const CURSORS: usize = 2;
@@ -481,6 +579,14 @@ impl Content for DenseArray {
                 .read_dense(data_offset, &mut buf[done..], self.codes)?;
         }
         Ok(done)
+    }
+
+    fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
+        let h = self.header.len() as u64;
+        match offset.checked_sub(h) {
+            Some(at) => self.view.held_dense(at, len, self.codes),
+            None => Ok(None),
+        }
     }
 }
 
@@ -670,6 +776,7 @@ pub fn directory(
         cache,
         last_block: AtomicUsize::new(usize::MAX - 1),
         cursors: Mutex::new(Vec::new()),
+        few: Mutex::new(None),
         logical,
     });
     let file = &view.file;

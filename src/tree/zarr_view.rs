@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Map, Value};
 
-use super::content::{copy_range, Bytes, Content, Shared, Windowed};
+use super::content::{copy_range, Bytes, Content, Held, Windowed};
 use super::qem_view::QemView;
 use super::{Directory, Entry, StaticDir, TreeError};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -232,7 +232,7 @@ impl Content for DenseChunk {
         (self.shape[0] * self.shape[1]) as u64 * self.frame_bytes()
     }
 
-    fn shared_at(&self, offset: u64, len: usize) -> Result<Option<Shared>, TreeError> {
+    fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
         let [rows, columns, ..] = self.view.file().shape();
         let fb = self.frame_bytes();
         let run = self.shape[1] as u64 * fb;
@@ -255,7 +255,7 @@ impl Content for DenseChunk {
             return Ok(None);
         }
         let start = (row * columns + self.first[1]) as u64 * fb + within;
-        self.view.shared_dense(start, len, self.codes)
+        self.view.held_dense(start, len, self.codes)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
