@@ -42,9 +42,6 @@ struct State<K: Hash + Eq, V: ?Sized, E> {
     /// Bytes promised to loads under way (see `reserve`), counted against
     /// the budget before their values arrive.
     reserved: usize,
-    /// Bytes of state kept outside the cache for as long as it lives (see
-    /// `hold`), counted against the budget as well.
-    held: usize,
     /// Loads under way; each waiter blocks on the slot's `OnceLock`.
     loading: HashMap<K, Slot<V, E>>,
 }
@@ -85,7 +82,6 @@ where
                 lru: LruCache::unbounded(),
                 bytes: 0,
                 reserved: 0,
-                held: 0,
                 loading: HashMap::new(),
             }),
             hits: AtomicU64::new(0),
@@ -157,26 +153,6 @@ where
         true
     }
 
-    /// Counts `bytes` kept outside the cache (state that lives until the
-    /// caller drops it) against the budget, evicting values to make room;
-    /// false, and nothing counted, when holds would pass the whole budget.
-    /// Unlike [`BlockCache::reserve`] it takes no share of the loads.
-    pub fn hold(&self, bytes: usize) -> bool {
-        let mut state = self.lock();
-        if state.held.saturating_add(bytes) > self.budget {
-            return false;
-        }
-        state.held += bytes;
-        self.evict_locked(&mut state);
-        true
-    }
-
-    /// Gives back bytes counted by [`BlockCache::hold`].
-    pub fn release(&self, bytes: usize) {
-        let mut state = self.lock();
-        state.held = state.held.saturating_sub(bytes);
-    }
-
     /// Gives back bytes set aside by [`BlockCache::reserve`].
     pub fn unreserve(&self, bytes: usize) {
         let mut state = self.lock();
@@ -239,7 +215,7 @@ where
 
     /// Evicts the least recently used until values and reservations fit.
     fn evict_locked(&self, state: &mut State<K, V, E>) {
-        while state.bytes + state.reserved + state.held > self.budget {
+        while state.bytes + state.reserved > self.budget {
             match state.lru.pop_lru() {
                 Some((_, evicted)) => {
                     state.bytes -= evicted.weight();
@@ -365,30 +341,6 @@ mod tests {
         assert!(!cache.reserve(200, 512), "beyond the share: refused");
         cache.unreserve(400);
         assert_eq!(cache.stats().reserved, 0);
-    }
-
-    #[test]
-    fn holds_count_against_the_budget_without_a_share() {
-        let cache = Cache::new(1024);
-        for key in 0..4 {
-            cache.get_or_load(&key, || block(200)).unwrap();
-        }
-        // State kept outside the cache makes room as a reservation does,
-        // but loads may still reserve their whole share beside it.
-        assert!(cache.hold(500));
-        assert_eq!(cache.stats().entries, 2);
-        assert!(cache.reserve(256, 256));
-        assert!(!cache.hold(600), "holds beyond the whole budget: refused");
-        cache.unreserve(256);
-        cache.release(500);
-        for key in 4..8 {
-            cache.get_or_load(&key, || block(200)).unwrap();
-        }
-        assert_eq!(
-            cache.stats().entries,
-            5,
-            "released: the budget is whole again"
-        );
     }
 
     #[test]

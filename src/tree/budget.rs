@@ -155,31 +155,6 @@ impl Budget {
     }
 }
 
-/// Bytes of a budget counted for state kept outside it (a block cursor of
-/// a huge detector: about 20 bytes a pixel), until dropped.
-pub struct Hold {
-    budget: Arc<Budget>,
-    bytes: usize,
-}
-
-impl Budget {
-    /// Counts `bytes` of state kept outside the cache against the budget,
-    /// evicting cached values to make room; `None` when the holds would
-    /// pass the whole budget.
-    pub fn hold(self: &Arc<Self>, bytes: usize) -> Option<Hold> {
-        self.cache.hold(bytes).then(|| Hold {
-            budget: Arc::clone(self),
-            bytes,
-        })
-    }
-}
-
-impl Drop for Hold {
-    fn drop(&mut self) {
-        self.budget.cache.release(self.bytes);
-    }
-}
-
 /// Bytes of a budget set aside for a load under way, until dropped.
 pub struct Reservation<'a> {
     budget: &'a Budget,

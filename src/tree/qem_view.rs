@@ -35,7 +35,7 @@ pub struct QemView {
     /// Where blocks decoded in windows stand (codes or values), so that a
     /// sequential reader's next window goes on from the last one; at most
     /// [`CURSORS`], each about 18 bytes per detector pixel.
-    cursors: Mutex<Vec<KeptCursor>>,
+    cursors: Mutex<Vec<(bool, BlockCursor)>>,
     /// The window last served by decoding only the frames a small read
     /// asked for (see `read_few`): a second small read there loads it.
     few: Mutex<Option<BlockKey>>,
@@ -165,23 +165,16 @@ impl QemView {
             let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
             let best = (0..cursors.len())
                 .filter(|&i| {
-                    let kept = &cursors[i];
-                    kept.codes == codes
-                        && kept.cursor.block() == info.index
-                        && kept.cursor.next_frame() <= window
+                    let (c, cursor) = &cursors[i];
+                    *c == codes && cursor.block() == info.index && cursor.next_frame() <= window
                 })
-                .max_by_key(|&i| cursors[i].cursor.next_frame());
-            best.map(|i| cursors.swap_remove(i))
+                .max_by_key(|&i| cursors[i].1.next_frame());
+            best.map(|i| cursors.swap_remove(i).1)
         };
-        let mut kept = match taken {
-            Some(kept) => kept,
-            None => KeptCursor {
-                codes,
-                cursor: self.file.block_cursor(info.index)?,
-                hold: self.cache.hold(self.file.pixels() * CURSOR_BYTES_PER_PIXEL),
-            },
+        let mut cursor = match taken {
+            Some(c) => c,
+            None => self.file.block_cursor(info.index)?,
         };
-        let cursor = &mut kept.cursor;
         cursor.skip(&self.file, window - cursor.next_frame())?;
         let mut out;
         if codes {
@@ -191,15 +184,12 @@ impl QemView {
             out = RECYCLED.take(n * self.file.frame_bytes());
             cursor.read(&self.file, n, &mut out)?;
         }
-        // Kept for the next window only when the budget counts it: past
-        // that, a reader's windows each start again from the block's start
-        // (slower, never more memory).
-        if kept.cursor.next_frame() < info.frames && kept.hold.is_some() {
+        if cursor.next_frame() < info.frames {
             let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
             if cursors.len() >= CURSORS {
                 cursors.remove(0);
             }
-            cursors.push(kept);
+            cursors.push((codes, cursor));
         }
         Ok(out)
     }
@@ -502,18 +492,6 @@ const FEW_FRAMES: u64 = 2;
 
 /// Cursors kept per opened file (readers at different places of huge blocks).
 const CURSORS: usize = 2;
-
-/// What a block cursor holds per detector pixel (each lane group's rANS
-/// states, byte positions and tile sums), counted in the budget while the
-/// cursor lives.
-const CURSOR_BYTES_PER_PIXEL: usize = 20;
-
-/// A cursor of a block decoded in windows, counted in the budget.
-struct KeptCursor {
-    codes: bool,
-    cursor: BlockCursor,
-    hold: Option<super::budget::Hold>,
-}
 
 /// Windows are never smaller than this: tiny budgets (tests of eviction)
 /// keep ordinary blocks whole rather than decoding them a few frames at a
