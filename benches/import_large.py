@@ -14,9 +14,10 @@ longer than converting them: each block is assembled from a pool of frames
 drawn once, picked at random and rolled by a random shift, so the data
 stays varied.
 
-The scan is the square nearest to the requested size. The source, the
-output and the writer's temporary body need about three times the size
-on disk; the script refuses to start without that much free space. It
+The scan is the square nearest to the requested size. The source and the
+output (the writer spools its body into the output's own temporary file)
+need about 1.6 times the size on disk; the script refuses to start
+without that much free space. It
 converts once under GNU time (`/usr/bin/time -v`), prints dense MB, wall
 seconds, MB/s, CPU seconds and peak RSS, and removes everything it wrote.
 """
@@ -122,8 +123,8 @@ def main():
     dense = side * side * frame
     where = args.dir or Path(tempfile.gettempdir())
     free = shutil.disk_usage(where).free
-    if free < 3.2 * dense:
-        sys.exit(f"{where}: {free / 1e9:.1f} GB free, {3.2 * dense / 1e9:.1f} GB needed; use --dir or a smaller --gb")
+    if free < 1.6 * dense:
+        sys.exit(f"{where}: {free / 1e9:.1f} GB free, {1.6 * dense / 1e9:.1f} GB needed; use --dir or a smaller --gb")
     with tempfile.TemporaryDirectory(dir=where) as tmp:
         folder = Path(tmp)
         t0 = time.perf_counter()
