@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 use super::publish::io_error;
 use super::spool::Spool;
 use super::WriteError;
-use crate::qem::checksum::CHECKSUM_BLOCK;
 use crate::qem::checksum::hex;
+use crate::qem::checksum::CHECKSUM_BLOCK;
 
 /// Where the body's bytes go.
 pub(super) enum Sink {
