@@ -1,11 +1,11 @@
 //! Writing `.qem` files (spec §2–§9) for the three codecs.
 //!
 //! Frames are pushed in C order, in pieces of any size; every complete chunk
-//! is encoded at once and its arrays hashed and spooled ([`body`]) into the
+//! is encoded at once and its arrays hashed and spooled (module `body`) into the
 //! output's temporary sibling file while the next chunk is encoded, so
 //! memory stays bounded by two chunks. [`Writer::finish`] then builds the
 //! header (which must precede the body), moves the body up behind it in the
-//! same file ([`spool`]) and publishes it without ever replacing an
+//! same file (module `spool`) and publishes it without ever replacing an
 //! existing file.
 //!
 //! ```no_run
