@@ -224,26 +224,15 @@ fn main() {
         "rANS only ({} streams x {m}, {rans_bytes} coded bytes), 1 core:",
         streams.len()
     );
-    println!(
-        "  one stream at a time   {}",
-        rate(coded * m, coded * m * 2, one)
-    );
-    println!(
-        "  4 streams in lockstep  {}",
-        rate(coded * m, coded * m * 2, four)
-    );
-    println!(
-        "  8 streams in lockstep  {}",
-        rate(coded * m, coded * m * 2, eight)
-    );
-    println!(
-        "  16 streams in lockstep {}",
-        rate(coded * m, coded * m * 2, sixteen)
-    );
-    println!(
-        "  16, frame-major output {}",
-        rate(coded * m, coded * m * 2, rows)
-    );
+    for (what, took) in [
+        ("one stream at a time  ", one),
+        ("4 streams in lockstep ", four),
+        ("8 streams in lockstep ", eight),
+        ("16 streams in lockstep", sixteen),
+        ("16, frame-major output", rows),
+    ] {
+        println!("  {what} {}", rate(coded * m, coded * m * 2, took));
+    }
 
     let block_bytes = info.decoded_bytes;
     for n_threads in [1, threads] {

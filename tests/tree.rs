@@ -292,14 +292,10 @@ fn changed_and_removed_sources_are_noticed() {
     assert!(!names(&tree, "").contains(&"u8-two-block-chunks.qem".to_string()));
 }
 
-/// Sequential readers trigger prefetches of the next block while other
-/// readers decode: this once deadlocked (a rayon worker waiting on a block
-/// its own join was decoding). Many small reads over many blocks, with a
-/// watchdog.
-#[test]
-fn concurrent_sequential_reads_with_prefetch_finish() {
+/// A 40×100 scan of 8×8 uint16 frames in 512-scan chunks: eight blocks of
+/// varied small counts. Returns the array written.
+fn many_blocks_file(path: &std::path::Path) -> Vec<u8> {
     use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec};
-    let dir = tempfile::tempdir().unwrap();
     let shape = [40u64, 100, 8, 8];
     let sm = scientific_metadata(shape, &Calibration::default()).unwrap();
     let frames = (shape[0] * shape[1]) as usize;
@@ -307,11 +303,22 @@ fn concurrent_sequential_reads_with_prefetch_finish() {
         .flat_map(|i| (((i * 2654435761usize) >> 7) as u16 % 9).to_le_bytes())
         .collect();
     qemfs::qem::write::write_file(
-        dir.path().join("many-blocks.qem"),
+        path,
         WriteSpec::counts(shape, CountDtype::U16, sm).with_chunk_scans(512),
         &dense,
     )
     .unwrap();
+    dense
+}
+
+/// Sequential readers trigger prefetches of the next block while other
+/// readers decode: this once deadlocked (a rayon worker waiting on a block
+/// its own join was decoding). Many small reads over many blocks, with a
+/// watchdog.
+#[test]
+fn concurrent_sequential_reads_with_prefetch_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let dense = many_blocks_file(&dir.path().join("many-blocks.qem"));
     let (done_tx, done_rx) = std::sync::mpsc::channel();
     let root = dir.path().to_path_buf();
     std::thread::spawn(move || {
@@ -680,20 +687,8 @@ fn lent_or_copied(f: &dyn qemfs::tree::Content, offset: u64, len: usize) -> (Vec
 /// that way end to end still has its whole-array checksum checked.
 #[test]
 fn reads_lent_from_held_windows_match_copied_reads() {
-    use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec};
     let dir = tempfile::tempdir().unwrap();
-    let shape = [40u64, 100, 8, 8];
-    let sm = scientific_metadata(shape, &Calibration::default()).unwrap();
-    let frames = (shape[0] * shape[1]) as usize;
-    let dense: Vec<u8> = (0..frames * 64)
-        .flat_map(|i| (((i * 2654435761usize) >> 7) as u16 % 9).to_le_bytes())
-        .collect();
-    qemfs::qem::write::write_file(
-        dir.path().join("blocks.qem"),
-        WriteSpec::counts(shape, CountDtype::U16, sm).with_chunk_scans(512),
-        &dense,
-    )
-    .unwrap();
+    let dense = many_blocks_file(&dir.path().join("blocks.qem"));
     fs::copy(
         examples().join("empad-f32.qem"),
         dir.path().join("float.qem"),
