@@ -206,15 +206,20 @@ impl QemFile {
         &self.header
     }
 
+    /// The header's JSON text as stored (checked when the file was opened;
+    /// a source truncated since then fails here).
+    pub fn header_text(&self) -> Result<&[u8]> {
+        self.source
+            .bytes()
+            .get(super::envelope::ENVELOPE_BYTES..self.envelope.body_start)
+            .ok_or_else(|| QemError::header("(header)", crate::mapguard::CHANGED))
+    }
+
     /// The whole header object as stored, unknown members included, parsed
     /// again from the file (it was checked when the file was opened; a
     /// source truncated since then fails here).
     pub fn header_object(&self) -> Result<serde_json::Map<String, serde_json::Value>> {
-        let file = self.source.bytes();
-        let bytes = file
-            .get(super::envelope::ENVELOPE_BYTES..self.envelope.body_start)
-            .ok_or_else(|| QemError::header("(header)", crate::mapguard::CHANGED))?;
-        match parse_strict(bytes)? {
+        match parse_strict(self.header_text()?)? {
             serde_json::Value::Object(map) => Ok(map),
             _ => Err(QemError::header("(header)", "not a JSON object")),
         }

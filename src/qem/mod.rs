@@ -46,6 +46,7 @@ pub use metadata::{Quantity, ScientificMetadata};
 pub use partial_index::{IndexCheck, IndexCoverage};
 pub use scaled::{IntensityCalibration, Region};
 pub use spatial::Tile;
+pub use summary::Info;
 pub use validate::{validate_bytes, validate_path, ValidationLevel, ValidationReport};
 
 // Frame and array sizes are products of 24-bit axes; they need 64-bit usize.

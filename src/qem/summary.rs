@@ -2,7 +2,10 @@
 //! stored header plus a summary computed from it alone (no decoding, no
 //! body checksums), so it is instant on any file size.
 
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
+
+use crate::export::json::Stored;
 
 use super::error::QemError;
 use super::file::QemFile;
@@ -95,12 +98,42 @@ impl QemFile {
         })
     }
 
-    /// `{"header": <stored header>, "summary": <summary>}`.
-    pub fn info_json(&self) -> Result<Value, QemError> {
-        // Built by hand: `json!` would copy the header's tree.
-        let mut info = Map::new();
-        info.insert("header".into(), Value::Object(self.header_object()?));
-        info.insert("summary".into(), self.summary());
-        Ok(Value::Object(info))
+    /// `{"header": <stored header>, "summary": <summary>}`, to be written
+    /// by [`crate::export::json::write_pretty`]: the header is re-indented
+    /// from its text as it is written, never parsed into a tree.
+    pub fn info(&self) -> Result<Info<'_>, QemError> {
+        Ok(Info {
+            header: Stored(self.header_text()?),
+            summary: self.summary(),
+            backend: None,
+        })
+    }
+}
+
+/// What `info.json` and `qem show --json` hold (see [`QemFile::info`]).
+pub struct Info<'a> {
+    header: Stored<'a>,
+    summary: Value,
+    backend: Option<&'a str>,
+}
+
+impl<'a> Info<'a> {
+    /// Names the backend that computes the container's `virtual/` products
+    /// (`reductions_backend`, after the summary).
+    pub fn with_backend(mut self, name: &'a str) -> Self {
+        self.backend = Some(name);
+        self
+    }
+}
+
+impl Serialize for Info<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut map = s.serialize_map(Some(2 + usize::from(self.backend.is_some())))?;
+        map.serialize_entry("header", &self.header)?;
+        map.serialize_entry("summary", &self.summary)?;
+        if let Some(name) = self.backend {
+            map.serialize_entry("reductions_backend", name)?;
+        }
+        map.end()
     }
 }

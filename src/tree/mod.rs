@@ -149,18 +149,11 @@ impl Directory for StaticDir {
 
 /// `info.json` of a `.qem` container (and `qem show --json`): the file's
 /// summary and the backend that computes its `virtual/` products.
-pub fn info_json(
-    file: &QemFile,
-    accelerator: &dyn Accelerator,
-) -> Result<serde_json::Value, crate::qem::QemError> {
-    let mut info = file.info_json()?;
-    if let Some(map) = info.as_object_mut() {
-        map.insert(
-            "reductions_backend".into(),
-            accelerator.name().to_string().into(),
-        );
-    }
-    Ok(info)
+pub fn info_json<'a>(
+    file: &'a QemFile,
+    accelerator: &'a dyn Accelerator,
+) -> Result<crate::qem::Info<'a>, crate::qem::QemError> {
+    Ok(file.info()?.with_backend(accelerator.name()))
 }
 
 /// What a path resolves to.

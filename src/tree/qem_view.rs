@@ -782,49 +782,44 @@ pub fn directory(
     let file = &view.file;
     let shape = file.shape();
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
-    let text = |v: &serde_json::Value| crate::export::json::pretty(v).into_bytes();
-    // The two documents that hold the whole header are made from the file
-    // when read and held in the budget: the header is not kept parsed
-    // (see QemFile::header_object). Their sizes are found now.
-    let header_json = move |v: &QemView| -> Result<Vec<u8>, TreeError> {
-        let faults = v.file.faults();
-        let header = v.file.header_object().map_err(|e| v.decode_error(e))?;
-        let bytes = text(&serde_json::Value::Object(header));
-        super::give_back_freed_memory();
-        if v.file.faults() != faults {
-            return Err(TreeError::SourceChanged);
-        }
-        Ok(bytes)
-    };
-    let info = Arc::clone(&accelerator);
-    let info_json = move |v: &QemView| -> Result<Vec<u8>, TreeError> {
-        let faults = v.file.faults();
-        let doc = super::info_json(&v.file, &*info).map_err(|e| v.decode_error(e))?;
-        let bytes = text(&doc);
-        drop(doc);
-        super::give_back_freed_memory();
-        if v.file.faults() != faults {
-            return Err(TreeError::SourceChanged);
-        }
-        Ok(bytes)
-    };
-
     entries.insert(
         "raw.qem".into(),
         Entry::File(Arc::new(Passthrough::new(source, file.file_bytes() as u64))),
     );
-    for (name, make) in [
-        (
-            "header.json",
-            Arc::new(header_json) as Arc<dyn Fn(&QemView) -> _ + Send + Sync>,
-        ),
-        ("info.json", Arc::new(info_json)),
-    ] {
-        let size = make(&view)?.len() as u64;
+    // The two documents that hold the whole header are written from its
+    // text when read, and held in the budget; their sizes are found now by
+    // writing them to a counter. The header is never parsed into a tree
+    // (see `export::json::Stored`).
+    type Write = dyn Fn(&QemView, &mut dyn std::io::Write) -> std::io::Result<()> + Send + Sync;
+    let header_json: Arc<Write> = Arc::new(|v, out| {
+        let text = v.file.header_text().map_err(std::io::Error::other)?;
+        crate::export::json::write_pretty(&crate::export::json::Stored(text), out)
+    });
+    let info = Arc::clone(&accelerator);
+    let info_json: Arc<Write> = Arc::new(move |v, out| {
+        let doc = super::info_json(&v.file, &*info).map_err(std::io::Error::other)?;
+        crate::export::json::write_pretty(&doc, out)
+    });
+    for (name, write) in [("header.json", header_json), ("info.json", info_json)] {
+        let write = move |v: &QemView, out: &mut dyn std::io::Write| {
+            let faults = v.file.faults();
+            let written = write(v, out);
+            if v.file.faults() != faults {
+                return Err(TreeError::SourceChanged);
+            }
+            written.map_err(|e| v.decode_error(e))
+        };
+        let mut size = crate::export::json::Counted::default();
+        write(&view, &mut size)?;
         let v = Arc::clone(&view);
+        let make = move || {
+            let mut bytes = Vec::with_capacity(size.0 as usize);
+            write(&v, &mut bytes)?;
+            Ok(bytes)
+        };
         entries.insert(
             name.into(),
-            Entry::File(Arc::new(Lazy::new(&view.cache, id, size, move || make(&v)))),
+            Entry::File(Arc::new(Lazy::new(&view.cache, id, size.0, make))),
         );
     }
     let (v, source_path) = (Arc::clone(&view), source.to_path_buf());

@@ -24,7 +24,7 @@ pub fn show(args: &ShowArgs) -> Result<u8, Failure> {
         let backend = args.gpu.accelerator_quiet_on_auto();
         let info =
             qemfs::tree::info_json(&file, &*backend).map_err(|e| Failure::file(&args.file, e))?;
-        out.write_all(qemfs::export::json::pretty(&info).as_bytes())?;
+        qemfs::export::json::write_pretty(&info, &mut out)?;
         out.done()?;
         return Ok(OK);
     }
