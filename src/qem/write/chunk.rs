@@ -2,6 +2,7 @@
 
 use rayon::prelude::*;
 
+use super::body::Recycled;
 use super::stream::{self, StreamScratch};
 use super::ModelChoice;
 
@@ -79,6 +80,7 @@ pub(crate) fn encode_streams(
     scans: usize,
     block: usize,
     model: ModelChoice,
+    recycled: &Recycled,
 ) -> Option<Streams> {
     let blocks = scans.div_ceil(block);
     let groups = src.width.div_ceil(GROUP);
@@ -99,7 +101,7 @@ pub(crate) fn encode_streams(
                 src.transpose(f0, m, p0, n, tile, stride);
                 // No stream is longer than its literal form (2 bytes a
                 // value): reserved at once, the buffer never grows.
-                let mut bytes = Vec::with_capacity(2 * n * m);
+                let mut bytes = recycled.take(2 * n * m);
                 let mut lens = Vec::with_capacity(n);
                 let mut sels = Vec::with_capacity(n);
                 let columns: Vec<&[u16]> = tile.chunks_exact(stride).map(|c| &c[..m]).collect();

@@ -580,6 +580,7 @@ impl Writer {
         let scans = scans64 as usize;
         let first = self.frames_done;
         let model = self.model;
+        let recycled = self.body.recycled.clone();
         let entry = match &mut self.kind {
             Kind::Counts {
                 dtype,
@@ -591,8 +592,9 @@ impl Writer {
                     wide: *dtype == CountDtype::U16,
                     width: self.pixels,
                 };
-                let streams = chunk::encode_streams(src, scans, INTERVAL as usize, model)
-                    .ok_or(WriteError::ChunkTooLarge)?;
+                let streams =
+                    chunk::encode_streams(src, scans, INTERVAL as usize, model, &recycled)
+                        .ok_or(WriteError::ChunkTooLarge)?;
                 let index = spatial_index(src, scans, tiles, valid);
                 let mut arrays = write_count_arrays(&mut self.body, streams);
                 let words = index.words.len();
@@ -609,8 +611,9 @@ impl Writer {
                     wide: true,
                     width: self.pixels,
                 };
-                let streams = chunk::encode_streams(src, scans, INTERVAL as usize, model)
-                    .ok_or(WriteError::ChunkTooLarge)?;
+                let streams =
+                    chunk::encode_streams(src, scans, INTERVAL as usize, model, &recycled)
+                        .ok_or(WriteError::ChunkTooLarge)?;
                 let arrays = write_count_arrays(&mut self.body, streams);
                 json!({"arrays": arrays, "first": first, "region": region, "scans": scans64})
             }
@@ -624,7 +627,7 @@ impl Writer {
                 // beside the (parallel) encoding of the same chunk.
                 let (_, streams) = rayon::join(
                     || logical.update(data),
-                    || chunk::encode_streams(src, scans, scans, model),
+                    || chunk::encode_streams(src, scans, scans, model, &recycled),
                 );
                 let mut streams = streams.ok_or(WriteError::ChunkTooLarge)?;
                 if streams.payload_len == 0 {

@@ -89,10 +89,29 @@ pub(super) struct Spooled {
     stored: u64,
 }
 
+/// How a spool asks for its bytes to be written.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(super) enum Io {
+    /// Around the page cache where the filesystem allows, else buffered.
+    Direct,
+    /// Through the page cache. Only tests ask for it, to run the fallback
+    /// on filesystems that would take O_DIRECT.
+    #[cfg_attr(not(test), allow(dead_code))]
+    Buffered,
+}
+
 impl Spool {
     pub fn new(file: File) -> io::Result<Spool> {
-        // Refused: the writes below are buffered ones.
-        set_direct(&file, true);
+        Spool::with_io(file, Io::Direct)
+    }
+
+    /// The one decision between the two paths; everything after it runs
+    /// the same code, direct or buffered, as the file's flags say.
+    pub fn with_io(file: File, io: Io) -> io::Result<Spool> {
+        if io == Io::Direct {
+            // Refused: the writes below are buffered ones.
+            set_direct(&file, true);
+        }
         Ok(Spool {
             file,
             stage: aligned(STAGE)?,
@@ -216,8 +235,14 @@ mod tests {
     use super::*;
 
     fn spooled_file(body: &[u8], pieces: usize) -> Spooled {
-        let file = tempfile::tempfile().unwrap();
-        let mut spool = Spool::new(file).unwrap();
+        spooled_with(body, pieces, Io::Direct)
+    }
+
+    fn spooled_with(body: &[u8], pieces: usize, io: Io) -> Spooled {
+        // In the working directory (the build's own filesystem), not a
+        // tmpfs /tmp that would refuse O_DIRECT for both paths alike.
+        let file = tempfile::tempfile_in(".").unwrap();
+        let mut spool = Spool::with_io(file, io).unwrap();
         let step = body.len().div_ceil(pieces.max(1)).max(1);
         let parts: Vec<Vec<u8>> = body.chunks(step).map(<[u8]>::to_vec).collect();
         spool.write(&parts).unwrap();
@@ -246,6 +271,54 @@ mod tests {
                 "header of {h}"
             );
         }
+    }
+
+    fn is_direct(file: &File) -> bool {
+        // SAFETY: F_GETFL on a descriptor `file` keeps open reads flags only.
+        let flags = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETFL) };
+        flags >= 0 && flags & libc::O_DIRECT != 0
+    }
+
+    /// The buffered path (what runs where the filesystem refuses O_DIRECT)
+    /// writes and moves the body to the very bytes the direct one does.
+    #[test]
+    fn buffered_spool_writes_what_the_direct_one_does() {
+        let body: Vec<u8> = (0..2 * STAGE + 777).map(|i| (i * 31 % 253) as u8).collect();
+        for h in [0, 56 + 1234, STAGE + 5] {
+            let head: Vec<u8> = (0..h).map(|i| (i % 11) as u8 + 1).collect();
+            let direct = spooled_with(&body, 5, Io::Direct);
+            let buffered = spooled_with(&body, 5, Io::Buffered);
+            assert!(
+                !is_direct(&buffered.file),
+                "the buffered spool asked for O_DIRECT"
+            );
+            let buffered = buffered.put_head(&head).unwrap();
+            assert!(!is_direct(&buffered));
+            let direct = direct.put_head(&head).unwrap();
+            let (d, b) = (contents(&direct), contents(&buffered));
+            assert_eq!(b.len(), h + body.len());
+            assert!(b == d, "header of {h}: buffered and direct files differ");
+            assert!(b[..h] == head[..] && b[h..] == body[..], "header of {h}");
+        }
+    }
+
+    /// A direct write the device refuses (EINVAL: here an unaligned
+    /// buffer, length and offset) is retried buffered, and the file stays
+    /// buffered from then on.
+    #[test]
+    fn a_refused_direct_write_is_redone_buffered() {
+        let file = tempfile::tempfile_in(".").unwrap();
+        let accepted = set_direct(&file, true);
+        let bytes: Vec<u8> = (0..1001).map(|i| (i % 7) as u8 + 1).collect();
+        let piece = &bytes[1..];
+        direct_or_buffered(&file, || file.write_all_at(piece, 3)).unwrap();
+        assert!(
+            !is_direct(&file) || !accepted,
+            "O_DIRECT still set after the retry"
+        );
+        let all = contents(&file);
+        assert_eq!(all.len(), 3 + piece.len());
+        assert!(all[..3] == [0, 0, 0] && all[3..] == *piece);
     }
 
     #[test]

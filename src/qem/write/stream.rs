@@ -188,9 +188,29 @@ enum Form {
     },
 }
 
+/// True when the literal form is the one both policies end in and no
+/// histogram is needed to know it: a float's lanes (or any stream of large
+/// values) have at most two values below [`ESCAPE`]. Every rANS stream holds
+/// its 4-byte state and two bytes per escaped value (spec §7.1), at least
+/// `4 + 2·(m - 2) = 2m` bytes then, so it never beats the literal's `2m`; the
+/// sparse form is ruled out by a value above [`SPARSE_MAX`], and a
+/// constant stream by two distinct values.
+fn literal_only(values: &[u16]) -> bool {
+    // Count data fails within its first few values: the count stops there.
+    let mut small = 0;
+    for sixteen in values.chunks(16) {
+        small += sixteen.iter().filter(|&&v| usize::from(v) < ESCAPE).count();
+        if small > 2 {
+            return false;
+        }
+    }
+    let max = values.iter().copied().max().unwrap_or(0);
+    let min = values.iter().copied().min().unwrap_or(0);
+    min != max && max > SPARSE_MAX
+}
+
 /// What is known about a stream before any rANS trial.
 struct Plan {
-    summary: Summary,
     /// Best form found without rANS, and its length.
     best: Form,
     best_len: usize,
@@ -203,18 +223,22 @@ struct Plan {
 
 fn plan(values: &[u16], choice: ModelChoice) -> Plan {
     let m = values.len();
-    let summary = Summary::of(values);
     let mut p = Plan {
         best: Form::Literal,
         best_len: 2 * m,
         sparse: None,
         reference: 0,
-        lb_reference: 0,
+        // No rANS stream is shorter than the literal form here (see
+        // `literal_only`), so the reference table is never tried.
+        lb_reference: 2 * m,
         tables: [0; MAX_TRIALS],
         trials: 0,
-        summary,
     };
-    let s = &p.summary;
+    if literal_only(values) {
+        return p;
+    }
+    let summary = Summary::of(values);
+    let s = &summary;
     if m == 0 || s.min == s.max {
         (p.best, p.best_len) = match values.first() {
             None | Some(0) => (Form::Zeros, 0),
