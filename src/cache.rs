@@ -164,6 +164,16 @@ where
         self.lock().lru.get(key).cloned()
     }
 
+    /// Takes the value of `key` out of the cache (not counted as a hit or
+    /// a miss): for values that one user at a time works with and gives
+    /// back with [`insert`](Self::insert) (a block cursor).
+    pub fn take(&self, key: &K) -> Option<Arc<V>> {
+        let mut state = self.lock();
+        let value = state.lru.pop(key)?;
+        state.bytes -= value.weight();
+        Some(value)
+    }
+
     /// Whether `key` is cached or being loaded: prefetchers use this to skip
     /// work that is already done or under way.
     pub fn is_present_or_loading(&self, key: &K) -> bool {
@@ -341,6 +351,19 @@ mod tests {
         assert!(!cache.reserve(200, 512), "beyond the share: refused");
         cache.unreserve(400);
         assert_eq!(cache.stats().reserved, 0);
+    }
+
+    #[test]
+    fn a_taken_value_leaves_the_cache_until_put_back() {
+        let cache = Cache::new(1000);
+        cache.get_or_load(&1, || block(300)).unwrap();
+        let taken = cache.take(&1).unwrap();
+        assert_eq!(taken.len(), 300);
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.bytes, stats.hits), (0, 0, 0));
+        assert!(cache.take(&1).is_none());
+        cache.insert(1, taken);
+        assert_eq!(cache.stats().bytes, 300);
     }
 
     #[test]

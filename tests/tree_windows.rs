@@ -62,8 +62,11 @@ fn a_block_larger_than_the_budget_is_read_in_cached_windows() {
         "{hits} of {reads} reads cached: {after:?}"
     );
     // Windows of 8 frames (64 MiB / 8.4 MB): 6 of them, a few more for
-    // the prefetcher's look-ahead, were loaded.
-    assert!(after.evictions - before.evictions <= 8, "{after:?}");
+    // the prefetcher's look-ahead, were loaded. Idle block cursors (84 MB
+    // each) are values of the same LRU: the small read's window, its
+    // look-ahead and its cursor (at frame 304, of no use to a reader from
+    // frame 0) go too, so a few more evictions than windows.
+    assert!(after.evictions - before.evictions <= 14, "{after:?}");
     let stats = tree.cache().stats();
     assert!(stats.bytes <= stats.budget, "{stats:?}");
 }

@@ -204,6 +204,20 @@ impl Cursor {
         })
     }
 
+    /// Heap bytes this cursor holds (lane groups, the streams copied near
+    /// the payload's end, the other streams' positions): what a budget
+    /// that keeps it is charged.
+    pub fn heap_bytes(&self) -> usize {
+        let own: usize = self
+            .groups
+            .iter()
+            .filter_map(|g| g.own.as_ref().map(Vec::capacity))
+            .sum();
+        self.groups.capacity() * std::mem::size_of::<GroupPlan>()
+            + own
+            + self.others.capacity() * std::mem::size_of::<Other>()
+    }
+
     /// Decodes the next `n` frames: value `t` of stream `first + j` goes
     /// to the little-endian u16 at `2 * ((t - next) * count + j)` of
     /// `Rows::Whole` (`2 * n * count` bytes), or of a slab (`Rows::Slab`,

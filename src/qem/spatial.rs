@@ -109,6 +109,11 @@ impl FrameSums {
         }
     }
 
+    /// Heap bytes held (the rows' mask and one band of sums).
+    pub(crate) fn heap_bytes(&self) -> usize {
+        self.mask.capacity() * 2 + self.band.capacity() * 4
+    }
+
     /// 8×8 tiles of the covered rows: per frame, `bands * ceil(c / 8)`.
     pub(crate) fn tiles(&self) -> usize {
         (self.mask.len() / self.cols.max(1)).div_ceil(8) * self.cols.div_ceil(8)

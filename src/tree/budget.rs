@@ -45,6 +45,15 @@ pub enum CacheKey {
     /// by [`Budget::derived`]; `view` is its container's opening, so that
     /// closing the container drops it with the container's blocks.
     Derived { view: u64, id: u64 },
+    /// An idle cursor over a block decoded in windows, standing at block
+    /// frame `frame` (see `qem_view`): kept by the same LRU as the windows
+    /// it makes, so that the budget decides between them.
+    Cursor {
+        view: u64,
+        block: usize,
+        codes: bool,
+        frame: usize,
+    },
 }
 
 impl CacheKey {
@@ -52,7 +61,7 @@ impl CacheKey {
     pub fn view(&self) -> u64 {
         match self {
             CacheKey::Block(b) => b.view,
-            CacheKey::Derived { view, .. } => *view,
+            CacheKey::Derived { view, .. } | CacheKey::Cursor { view, .. } => *view,
         }
     }
 }
@@ -112,6 +121,12 @@ impl Budget {
     /// The held value of `key`, if any (counts as a use).
     pub fn get<T: Charged>(&self, key: impl Into<CacheKey>) -> Option<Arc<T>> {
         self.cache.get(&key.into()).and_then(|v| typed(v).ok())
+    }
+
+    /// Takes the held value of `key` out of the budget (see
+    /// [`BlockCache::take`]); put it back with [`keep`](Self::keep).
+    pub fn take<T: Charged>(&self, key: impl Into<CacheKey>) -> Option<Arc<T>> {
+        self.cache.take(&key.into()).and_then(|v| typed(v).ok())
     }
 
     /// Holds `value` under `key` if it fits, evicting the least recently

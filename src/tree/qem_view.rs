@@ -17,6 +17,7 @@ use crate::qem::{BlockCursor, BlockInfo, Codec, Dtype, LogicalDigest, QemFile, W
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
+use super::budget::{CacheKey, Charged};
 use super::content::{copy_range, Content, Held, Lazy, Passthrough};
 use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
 use super::{virtual_dir, zarr_view};
@@ -32,10 +33,6 @@ pub struct QemView {
     /// Where the last window a dense read touched ends (a frame of the
     /// whole array), to spot sequential reading.
     last_block: AtomicUsize,
-    /// Where blocks decoded in windows stand (codes or values), so that a
-    /// sequential reader's next window goes on from the last one; at most
-    /// [`CURSORS`], each about 18 bytes per detector pixel.
-    cursors: Mutex<Vec<(bool, BlockCursor)>>,
     /// The window last served by decoding only the frames a small read
     /// asked for (see `read_few`): a second small read there loads it.
     few: Mutex<Option<BlockKey>>,
@@ -71,13 +68,26 @@ impl QemView {
     }
 
     /// Frames per cached window of block `info`: the whole block when it
-    /// fits both [`WINDOW_BYTES`] and a quarter of the cache budget (an
-    /// ordinary block is one window; so is any block of at most
-    /// [`MIN_WINDOW_BYTES`], whatever the budget), else as many frames as
-    /// fit.
+    /// fits [`WINDOW_BYTES`], a quarter of the cache budget, and half of
+    /// what the block's cursor leaves of it (an ordinary block is one
+    /// window; so is any block of at most [`MIN_WINDOW_BYTES`], whatever
+    /// the budget), else as many frames as fit.
+    ///
+    /// A block decoded in windows works in one cursor (its lane states,
+    /// see [`QemFile::cursor_bytes`]) and two windows: the one a reader is
+    /// copying from and the next, decoded by the reader or the prefetcher.
+    /// Sized so, the three fit the budget together and the cursor is kept
+    /// between windows. The least a block needs is one cursor and one
+    /// window of [`MIN_WINDOW_BYTES`] (or one frame); below that a reader
+    /// is still answered, beyond the budget, and the cursor is not kept, so
+    /// every window is decoded from the block's first frame.
     fn window_frames(&self, info: &BlockInfo) -> usize {
-        let quarter = self.cache.stats().budget / 4;
-        let bytes = WINDOW_BYTES.min(quarter).max(MIN_WINDOW_BYTES);
+        let budget = self.cache.limit();
+        let beside_cursor = budget.saturating_sub(self.file.cursor_bytes(info)) / 2;
+        let bytes = WINDOW_BYTES
+            .min(budget / 4)
+            .min(beside_cursor)
+            .max(MIN_WINDOW_BYTES);
         self.file.window_frames_of(info, bytes)
     }
 
@@ -151,9 +161,24 @@ impl QemView {
         })
     }
 
+    /// Where an idle cursor over block `block` standing at its frame
+    /// `frame` is kept in the budget.
+    fn cursor_key(&self, block: usize, codes: bool, frame: usize) -> CacheKey {
+        CacheKey::Cursor {
+            view: self.id,
+            block,
+            codes,
+            frame,
+        }
+    }
+
     /// Frames `window..window + n` of a block decoded in windows, by the
-    /// cursor that stands nearest before them (a sequential reader's
-    /// cursor simply goes on), else by a new one.
+    /// idle cursor that stands nearest before them (a sequential reader's
+    /// cursor simply goes on), else by a new one. The cursor is taken out
+    /// of the budget and its bytes set aside there while it decodes (for
+    /// a reader and for the prefetcher alike), and it is given back to the
+    /// budget's LRU, standing after the window, unless it reached the
+    /// block's end.
     fn decode_window(
         &self,
         info: &BlockInfo,
@@ -161,19 +186,33 @@ impl QemView {
         n: usize,
         codes: bool,
     ) -> Result<Vec<u8>, crate::qem::QemError> {
-        let taken = {
-            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
-            let best = (0..cursors.len())
-                .filter(|&i| {
-                    let (c, cursor) = &cursors[i];
-                    *c == codes && cursor.block() == info.index && cursor.next_frame() <= window
-                })
-                .max_by_key(|&i| cursors[i].1.next_frame());
-            best.map(|i| cursors.swap_remove(i).1)
-        };
-        let mut cursor = match taken {
-            Some(c) => c,
-            None => self.file.block_cursor(info.index)?,
+        // Windows start at multiples of `w`, so a cursor stands at one.
+        let w = self.window_frames(info).max(1);
+        let taken = (0..=window / w)
+            .rev()
+            .find_map(|k| {
+                self.cache
+                    .take::<IdleCursor>(self.cursor_key(info.index, codes, k * w))
+            })
+            .and_then(|idle| Arc::try_unwrap(idle).ok());
+        let (mut cursor, reserved) = match taken {
+            Some(idle) => {
+                let reserved = self.cache.reserve_while(idle.bytes, 1024);
+                let cursor = idle.cursor.into_inner().unwrap_or_else(|e| e.into_inner());
+                (cursor, [reserved, None])
+            }
+            None => {
+                // Set aside before it is made, and what it really holds
+                // beyond that once it is.
+                let estimate = self.file.cursor_bytes(info);
+                let first = self.cache.reserve_while(estimate, 1024);
+                let cursor = self.file.block_cursor(info.index)?;
+                let beyond = cursor.heap_bytes().saturating_sub(estimate);
+                let more = (beyond > 0)
+                    .then(|| self.cache.reserve_while(beyond, 1024))
+                    .flatten();
+                (cursor, [first, more])
+            }
         };
         cursor.skip(&self.file, window - cursor.next_frame())?;
         let mut out;
@@ -185,11 +224,14 @@ impl QemView {
             cursor.read(&self.file, n, &mut out)?;
         }
         if cursor.next_frame() < info.frames {
-            let mut cursors = self.cursors.lock().unwrap_or_else(|e| e.into_inner());
-            if cursors.len() >= CURSORS {
-                cursors.remove(0);
-            }
-            cursors.push((codes, cursor));
+            let key = self.cursor_key(info.index, codes, cursor.next_frame());
+            let idle = IdleCursor {
+                bytes: cursor.heap_bytes(),
+                cursor: Mutex::new(cursor),
+            };
+            // Given back before it is kept, so that it is not counted twice.
+            drop(reserved);
+            self.cache.keep(key, Arc::new(idle));
         }
         Ok(out)
     }
@@ -329,6 +371,9 @@ impl QemView {
     /// most [`FEW_FRAMES`] frames, in one window), the window is neither
     /// held nor being decoded, and the read does not go on from the one
     /// before (a sequential reader wants the whole window, and the next).
+    /// Never in a block decoded in windows: decoding a few frames there
+    /// would decode (and check) the whole block, with a cursor of its own,
+    /// where a window goes on from a cursor kept in the budget.
     fn few_key(&self, at: u64, len: usize, codes: bool) -> Result<Option<BlockKey>, TreeError> {
         let fb = self.frame_bytes(codes);
         let total = fb * self.file.frames() as u64;
@@ -338,7 +383,10 @@ impl QemView {
         }
         let (info, window, n) = self.span_of(at, codes)?;
         let (start, stop) = (info.first_frame + window, info.first_frame + window + n);
-        if end > stop as u64 * fb || self.last_block.load(Ordering::Relaxed) == start {
+        if n < info.frames
+            || end > stop as u64 * fb
+            || self.last_block.load(Ordering::Relaxed) == start
+        {
             return Ok(None);
         }
         let key = BlockKey {
@@ -490,8 +538,18 @@ struct Recycler {
 /// those frames (see `QemView::read_few`).
 const FEW_FRAMES: u64 = 2;
 
-/// Cursors kept per opened file (readers at different places of huge blocks).
-const CURSORS: usize = 2;
+/// A cursor over a block decoded in windows, between windows: held in the
+/// budget by its heap bytes, taken out while it decodes.
+struct IdleCursor {
+    cursor: Mutex<BlockCursor>,
+    bytes: usize,
+}
+
+impl Charged for IdleCursor {
+    fn charge(&self) -> usize {
+        self.bytes
+    }
+}
 
 /// Windows are never smaller than this: tiny budgets (tests of eviction)
 /// keep ordinary blocks whole rather than decoding them a few frames at a
@@ -775,7 +833,6 @@ pub fn directory(
         file,
         cache,
         last_block: AtomicUsize::new(usize::MAX - 1),
-        cursors: Mutex::new(Vec::new()),
         few: Mutex::new(None),
         logical,
     });
