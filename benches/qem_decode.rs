@@ -133,7 +133,7 @@ fn main() {
         println!("written to {path}");
     }
     println!(
-        "decode kernel: {} (QEMFS_KERNEL=avx512|avx2|portable picks another)",
+        "decode kernel: {} (QEMFS_KERNEL=avx512vbmi2|avx512|avx2|portable picks another)",
         qemfs::qem::lanes::Kernel::best().name()
     );
     let qem = QemFile::from_bytes(file.clone()).expect("bench file opens");

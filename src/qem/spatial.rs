@@ -84,28 +84,85 @@ pub(crate) fn sums_from_columns(
 /// 8×8-tile sums of valid counts from frame-major frames, for checking a
 /// block's index slab by slab while the slab is in cache. Covers the
 /// detector rows `rows` (whole 8-row bands, so that several summers can
-/// split a detector between threads): sums the 8 rows of each band
-/// column-wise first (u32 lanes, vectorised) and then 8 columns at a time.
-/// The 32×32 tiles are filled in afterwards from the 8×8 ones
-/// ([`fill_large_tiles`]).
+/// split a detector between threads). The 32×32 tiles are filled in
+/// afterwards from the 8×8 ones ([`fill_large_tiles`]).
 pub(crate) struct FrameSums {
     cols: usize,
-    /// Pixels of the covered rows: 0xffff when valid, else 0.
-    mask: Vec<u16>,
+    /// Pixels of the covered rows: 1 when valid, else 0.
+    weights: Vec<i16>,
+    /// Per 8×8 tile of the covered rows: 32768 × its valid pixels (what
+    /// the vector paths' signed sums lack, see [`band_avx512`]).
+    bias: Vec<u32>,
+    /// Column sums of one band (the portable path's scratch).
     band: Vec<u32>,
+    path: SumPath,
+}
+
+/// How a band's tiles are summed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SumPath {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl SumPath {
+    #[cfg(test)]
+    pub(crate) const ALL: [SumPath; 3] = [SumPath::Avx512, SumPath::Avx2, SumPath::Portable];
+
+    pub(crate) fn available(self) -> bool {
+        match self {
+            SumPath::Portable => true,
+            #[cfg(target_arch = "x86_64")]
+            SumPath::Avx2 => is_x86_feature_detected!("avx2"),
+            #[cfg(target_arch = "x86_64")]
+            SumPath::Avx512 => {
+                is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    fn best() -> SumPath {
+        [SumPath::Avx512, SumPath::Avx2]
+            .into_iter()
+            .find(|p| p.available())
+            .unwrap_or(SumPath::Portable)
+    }
 }
 
 impl FrameSums {
     /// Sums over detector rows `rows` of an `r × c` detector (`rows.start`
     /// a multiple of 8).
     pub(crate) fn new(c: usize, rows: std::ops::Range<usize>, valid: &ValidMask) -> Self {
+        Self::with_path(c, rows, valid, SumPath::best())
+    }
+
+    pub(crate) fn with_path(
+        c: usize,
+        rows: std::ops::Range<usize>,
+        valid: &ValidMask,
+        path: SumPath,
+    ) -> Self {
         debug_assert!(rows.start.is_multiple_of(8));
+        assert!(path.available(), "{path:?} sums not available");
+        let base = rows.start * c;
+        let weights: Vec<i16> = (base..rows.end * c)
+            .map(|p| i16::from(valid.is_valid(p)))
+            .collect();
+        let g8c = c.div_ceil(8);
+        let mut bias = vec![0u32; rows.len().div_ceil(8) * g8c];
+        for (i, &w) in weights.iter().enumerate() {
+            let (y, x) = (i / c, i % c);
+            bias[y / 8 * g8c + x / 8] += 32768 * w as u32;
+        }
         FrameSums {
             cols: c,
-            mask: (rows.start * c..rows.end * c)
-                .map(|p| if valid.is_valid(p) { u16::MAX } else { 0 })
-                .collect(),
+            weights,
+            bias,
             band: vec![0; c],
+            path,
         }
     }
 
@@ -116,7 +173,7 @@ impl FrameSums {
 
     /// 8×8 tiles of the covered rows: per frame, `bands * ceil(c / 8)`.
     pub(crate) fn tiles(&self) -> usize {
-        (self.mask.len() / self.cols.max(1)).div_ceil(8) * self.cols.div_ceil(8)
+        (self.weights.len() / self.cols.max(1)).div_ceil(8) * self.cols.div_ceil(8)
     }
 
     /// Adds the 8×8 sums of `frames` (`k` frames of the covered rows,
@@ -125,24 +182,174 @@ impl FrameSums {
     /// that each frame's sums are one run). An 8×8 tile sums at most 64
     /// u16 counts, so u32 holds it exactly.
     pub(crate) fn add(&mut self, frames: &[u16], t0: usize, out: &mut [u32]) {
-        let c = self.cols;
         let tiles = self.tiles();
-        if self.mask.is_empty() || tiles == 0 {
+        if self.weights.is_empty() || tiles == 0 {
             return;
         }
-        for (k, frame) in frames.chunks_exact(self.mask.len()).enumerate() {
-            let sums = &mut out[(t0 + k) * tiles..(t0 + k + 1) * tiles];
-            for (by, band_rows) in frame.chunks(8 * c).enumerate() {
-                add_band(&mut self.band, band_rows, &self.mask[by * 8 * c..]);
-                let g8c = c.div_ceil(8);
-                for (tile, cols) in sums[by * g8c..(by + 1) * g8c]
-                    .iter_mut()
-                    .zip(self.band.chunks(8))
-                {
-                    *tile = cols.iter().sum();
-                }
+        let k = frames.len() / self.weights.len();
+        let out = &mut out[t0 * tiles..(t0 + k) * tiles];
+        let frames = &frames[..k * self.weights.len()];
+        match self.path {
+            // SAFETY: the features are present (asserted at `with_path`);
+            // the band functions read and write only within the slices.
+            #[cfg(target_arch = "x86_64")]
+            SumPath::Avx512 => unsafe { add_avx512(self, frames, out) },
+            #[cfg(target_arch = "x86_64")]
+            SumPath::Avx2 => unsafe { add_avx2(self, frames, out) },
+            _ => {
+                let c = self.cols;
+                let mut band = std::mem::take(&mut self.band);
+                self.each_band(frames, out, |rows, weights, _, sums| {
+                    band_portable(&mut band, rows, weights, c, sums)
+                });
+                self.band = band;
             }
         }
+    }
+
+    /// Calls `f(band rows, their weights, their tiles' bias, their tile
+    /// sums)` for every band of every frame of `frames`.
+    #[inline(always)]
+    fn each_band(
+        &self,
+        frames: &[u16],
+        out: &mut [u32],
+        mut f: impl FnMut(&[u16], &[i16], &[u32], &mut [u32]),
+    ) {
+        let (c, tiles) = (self.cols, self.tiles());
+        let g8c = c.div_ceil(8);
+        for (frame, sums) in frames
+            .chunks_exact(self.weights.len())
+            .zip(out.chunks_exact_mut(tiles))
+        {
+            let bands = frame.chunks(8 * c).zip(self.weights.chunks(8 * c));
+            for (by, (rows, weights)) in bands.enumerate() {
+                let at = by * g8c..(by + 1) * g8c;
+                f(rows, weights, &self.bias[at.clone()], &mut sums[at]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn add_avx512(s: &FrameSums, frames: &[u16], out: &mut [u32]) {
+    let c = s.cols;
+    s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
+        band_avx512(rows, weights, c, bias, sums)
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn add_avx2(s: &FrameSums, frames: &[u16], out: &mut [u32]) {
+    let c = s.cols;
+    s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
+        band_avx2(rows, weights, c, bias, sums)
+    });
+}
+
+/// Tile sums of one band (`rows`: at most 8 rows of `c` counts) into
+/// `sums` (one per 8 columns), 32 columns at a time. `vpmaddwd` multiplies
+/// signed words, so each count is offset by -32768 (its top bit flipped),
+/// multiplied by its weight and summed in pairs; `bias` gives each tile
+/// back 32768 per valid pixel. Every partial sum lies within ±2^22: exact.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn band_avx512(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sums: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let h = rows.len() / c;
+    assert!(weights.len() >= h * c && sums.len() == c.div_ceil(8) && bias.len() == sums.len());
+    let flip = _mm512_set1_epi16(i16::MIN);
+    for x0 in (0..c).step_by(32) {
+        let w = (c - x0).min(32);
+        let lanes: __mmask32 = if w == 32 { !0 } else { (1 << w) - 1 };
+        let mut acc = _mm512_setzero_si512();
+        for y in 0..h {
+            let at = y * c + x0;
+            // SAFETY: the masked loads read `w` values from `at`, within
+            // both slices (row `y < h` of `c`).
+            let v = _mm512_maskz_loadu_epi16(lanes, rows.as_ptr().add(at) as *const i16);
+            let m = _mm512_maskz_loadu_epi16(lanes, weights.as_ptr().add(at));
+            acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_xor_si512(v, flip), m));
+        }
+        // Each tile is 4 lanes (pairs of columns): add them up in every
+        // lane of the tile, then take one lane per tile.
+        let s1 = _mm512_add_epi32(acc, _mm512_shuffle_epi32::<0xB1>(acc));
+        let s2 = _mm512_add_epi32(s1, _mm512_shuffle_epi32::<0x4E>(s1));
+        let mut four = [0i32; 16];
+        _mm512_storeu_si512(
+            four.as_mut_ptr() as *mut __m512i,
+            _mm512_maskz_compress_epi32(0x1111, s2),
+        );
+        let t0 = x0 / 8;
+        for (i, &v) in four.iter().take(w.div_ceil(8)).enumerate() {
+            sums[t0 + i] = (v as u32).wrapping_add(bias[t0 + i]);
+        }
+    }
+}
+
+/// [`band_avx512`] 16 columns at a time with AVX2 (no masked word loads:
+/// the last `c % 16` columns are summed by [`band_portable`]'s rule).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn band_avx2(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sums: &mut [u32]) {
+    use std::arch::x86_64::*;
+    let h = rows.len() / c;
+    assert!(weights.len() >= h * c && sums.len() == c.div_ceil(8) && bias.len() == sums.len());
+    let flip = _mm256_set1_epi16(i16::MIN);
+    let full = c - c % 16;
+    for x0 in (0..full).step_by(16) {
+        let mut acc = _mm256_setzero_si256();
+        for y in 0..h {
+            let at = y * c + x0;
+            // SAFETY: 16 values from `at` lie within row `y` of both.
+            let v = _mm256_loadu_si256(rows.as_ptr().add(at) as *const __m256i);
+            let m = _mm256_loadu_si256(weights.as_ptr().add(at) as *const __m256i);
+            acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_xor_si256(v, flip), m));
+        }
+        let s1 = _mm256_add_epi32(acc, _mm256_shuffle_epi32::<0xB1>(acc));
+        let s2 = _mm256_add_epi32(s1, _mm256_shuffle_epi32::<0x4E>(s1));
+        let t0 = x0 / 8;
+        sums[t0] = (_mm256_extract_epi32::<0>(s2) as u32).wrapping_add(bias[t0]);
+        sums[t0 + 1] = (_mm256_extract_epi32::<4>(s2) as u32).wrapping_add(bias[t0 + 1]);
+    }
+    for (i, sum) in sums.iter_mut().enumerate().skip(full / 8) {
+        let cols = 8 * i..(8 * i + 8).min(c);
+        *sum = tile_sum(rows, weights, c, cols);
+    }
+}
+
+/// The sum of weighted counts of columns `cols` of `rows` (rows of `c`).
+fn tile_sum(rows: &[u16], weights: &[i16], c: usize, cols: std::ops::Range<usize>) -> u32 {
+    rows.chunks_exact(c)
+        .zip(weights.chunks_exact(c))
+        .flat_map(|(r, w)| r[cols.clone()].iter().zip(&w[cols.clone()]))
+        .map(|(&v, &w)| u32::from(u16::from_le(v)) * w as u32)
+        .sum()
+}
+
+/// Tile sums of one band by column sums first, 64 columns at a time in
+/// u32 lanes (so that they stay in registers as the compiler vectorises),
+/// then 8 columns at a time.
+fn band_portable(band: &mut [u32], rows: &[u16], weights: &[i16], c: usize, sums: &mut [u32]) {
+    const W: usize = 64;
+    let full = c - c % W;
+    for x0 in (0..full).step_by(W) {
+        let mut acc = [0u32; W];
+        for (row, w) in rows.chunks_exact(c).zip(weights.chunks_exact(c)) {
+            let (row, w) = (&row[x0..x0 + W], &w[x0..x0 + W]);
+            for i in 0..W {
+                acc[i] += u32::from(u16::from_le(row[i])) * w[i] as u32;
+            }
+        }
+        band[x0..x0 + W].copy_from_slice(&acc);
+    }
+    for (x, b) in band.iter_mut().enumerate().skip(full) {
+        *b = tile_sum(rows, weights, c, x..x + 1);
+    }
+    for (sum, cols) in sums.iter_mut().zip(band.chunks(8)) {
+        *sum = cols.iter().sum();
     }
 }
 
@@ -160,52 +367,6 @@ pub(crate) fn fill_large_tiles(r: usize, c: usize, fields: &mut [u32]) {
             large[(by / 4) * g32c + tx / 4] += s;
         }
     }
-}
-
-/// Sets `band` to the sums of the valid counts of each column of `rows`
-/// (whole rows of `band.len()` pixels), 64 columns at a time so that the
-/// sums stay in registers: AVX2 registers where present (the library is
-/// built for baseline x86-64), else as the compiler vectorises.
-fn add_band(band: &mut [u32], rows: &[u16], mask: &[u16]) {
-    const W: usize = 64;
-    #[inline(always)]
-    fn columns<const N: usize>(x0: usize, c: usize, rows: &[u16], mask: &[u16], out: &mut [u32]) {
-        let mut acc = [0u32; N];
-        for (row, mask) in rows.chunks_exact(c).zip(mask.chunks_exact(c)) {
-            let (row, mask) = (&row[x0..x0 + N], &mask[x0..x0 + N]);
-            for i in 0..N {
-                acc[i] += u32::from(u16::from_le(row[i]) & mask[i]);
-            }
-        }
-        out[..N].copy_from_slice(&acc);
-    }
-    #[inline(always)]
-    fn add(band: &mut [u32], rows: &[u16], mask: &[u16]) {
-        let c = band.len();
-        let full = c - c % W;
-        for x0 in (0..full).step_by(W) {
-            columns::<W>(x0, c, rows, mask, &mut band[x0..]);
-        }
-        for x in full..c {
-            band[x] = rows
-                .chunks_exact(c)
-                .zip(mask.chunks_exact(c))
-                .map(|(row, mask)| u32::from(u16::from_le(row[x]) & mask[x]))
-                .sum();
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx2")]
-        fn add_avx2(band: &mut [u32], rows: &[u16], mask: &[u16]) {
-            add(band, rows, mask)
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present; the function is safe code.
-            return unsafe { add_avx2(band, rows, mask) };
-        }
-    }
-    add(band, rows, mask)
 }
 
 /// Unpacks `m` values of `width` bits, least-significant bit first, from
@@ -267,12 +428,39 @@ mod tests {
     }
 
     /// The slab-wise sums from frame-major frames equal the column-wise
-    /// sums, with invalid pixels and detectors that are not multiples of 8
-    /// or 32.
+    /// sums, through every path this CPU runs, with invalid pixels,
+    /// detectors that are not multiples of 8, 16 or 32, and counts at the
+    /// top of the u16 range (the last detector: every count 65535).
     #[test]
     fn frame_sums_equal_column_sums() {
+        use std::io::Write;
+        for path in SumPath::ALL {
+            // Not captured by the harness: CI output names what ran.
+            let ran = if path.available() {
+                "exercised"
+            } else {
+                "SKIPPED (this CPU lacks it)"
+            };
+            writeln!(std::io::stderr(), "spatial: {path:?} tile sums {ran}").unwrap();
+        }
+        let sizes = [
+            (13usize, 7usize),
+            (40, 33),
+            (64, 64),
+            (8, 200),
+            (17, 47),
+            (16, 128),
+            (9, 40),
+        ];
+        for path in SumPath::ALL.into_iter().filter(|p| p.available()) {
+            frame_sums_with(path, &sizes);
+        }
+    }
+
+    fn frame_sums_with(path: SumPath, sizes: &[(usize, usize)]) {
         let mut seed = 0x1234_5678_9abc_def1u64;
-        for (r, c) in [(13usize, 7usize), (40, 33), (64, 64), (8, 200)] {
+        for (n, &(r, c)) in sizes.iter().enumerate() {
+            let saturated = n + 1 == sizes.len();
             let m = 37;
             let p = r * c;
             let flags: String = (0..p.div_ceil(8))
@@ -284,7 +472,7 @@ mod tests {
                 seed ^= seed << 13;
                 seed ^= seed >> 7;
                 seed ^= seed << 17;
-                *v = if seed.is_multiple_of(97) {
+                *v = if saturated || seed.is_multiple_of(97) {
                     u16::MAX
                 } else {
                     (seed % 5) as u16
@@ -302,7 +490,7 @@ mod tests {
             let mut got = vec![u32::MAX; fields * m];
             for r0 in (0..r).step_by(8) {
                 let rows = r0..(r0 + 8).min(r);
-                let mut sums = FrameSums::new(c, rows.clone(), &valid);
+                let mut sums = FrameSums::with_path(c, rows.clone(), &valid, path);
                 let tiles = sums.tiles();
                 let mut part = vec![u32::MAX; tiles * m];
                 for t0 in (0..m).step_by(10) {
@@ -324,7 +512,7 @@ mod tests {
             let got: Vec<u64> = (0..fields * m)
                 .map(|i| u64::from(got[(i % m) * fields + i / m]))
                 .collect();
-            assert_eq!(got, want, "{r}x{c}");
+            assert_eq!(got, want, "{r}x{c} {path:?}");
         }
     }
 
