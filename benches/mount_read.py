@@ -36,13 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
 import numpy as np
 
 # The same mount and chunk reader as the Zarr bench (a sibling script).
-from zarr_view import Mount, read_files
+from zarr_view import Mount, read_files, read_halves
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
@@ -137,13 +136,12 @@ def main():
         m = Mount(src, args.cache_size)
         try:
             chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
-            halves = [chunks[0::2], chunks[1::2]]
-            t = time.perf_counter()
-            with Pool(2) as pool:
-                n = sum(pool.map(read_files, halves))
-            chunks_s = time.perf_counter() - t
+            cpu = m.cpu_s()
+            n, chunks_s, readers = read_halves(chunks)
+            cpu = m.cpu_s() - cpu
             print(f"every data.zarr chunk, 2 processes: {chunks_s:.3f} s, {n / chunks_s / 1e6:.0f} MB/s "
                   f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {len(chunks)} chunks; "
+                  f"CPU: daemon {cpu:.2f} s, readers {readers:.2f} s; "
                   f"daemon peak RSS {m.hwm_mib():.0f} MiB  [{load()}]")
         finally:
             m.close()
@@ -168,9 +166,15 @@ def main():
                     path = str(m.mnt / "scan.qem" / "data.zarr" / "data")
                     array = zarr.open_array(path, mode="r", zarr_format=3)
                     data = da.from_zarr(array)
+                    cpu = m.cpu_s()
+                    before = client.run(os.times)
                     t = time.perf_counter()
                     total = data.sum(axis=(2, 3), dtype=np.uint64).compute()
                     cold = time.perf_counter() - t
+                    after = client.run(os.times)
+                    cpu = m.cpu_s() - cpu
+                    workers = sum(after[w].user - before[w].user + after[w].system - before[w].system
+                                  for w in before)
                     if trial == "first":
                         first = cold
                         continue
@@ -192,7 +196,8 @@ def main():
                     assert (direct == total).all()
                     print(f"Dask sum over the detector, 2 workers, cold blocks: first computation of a "
                           f"fresh cluster {first:.3f} s; again on a fresh mount {cold:.3f} s "
-                          f"({cold / cat_s:.2f}x qem cat, {cold / chunks_s:.2f}x the chunk read); "
+                          f"({cold / cat_s:.2f}x qem cat, {cold / chunks_s:.2f}x the chunk read; CPU: daemon "
+                          f"{cpu:.2f} s, workers {workers:.2f} s); "
                           f"blocks cached {warm:.3f} s; zarr + numpy in one process, blocks cached: "
                           f"{plain:.3f} s; daemon peak RSS {hwm:.0f} MiB (budget {args.cache_size} MiB)  "
                           f"[{load()}]")

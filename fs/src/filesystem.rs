@@ -21,6 +21,9 @@ pub struct QemFs {
     core: Filesystem,
     pool: qemfs::workers::Workers,
     log: Arc<dyn Fn(&str) + Send + Sync>,
+    /// Files that ask for it are opened with direct I/O (set at INIT,
+    /// where the kernel says what it supports).
+    direct_io: bool,
 }
 
 fn errno(e: &FsError) -> Errno {
@@ -83,6 +86,7 @@ impl QemFs {
             core: Filesystem::new(tree, vec![pid]),
             pool: qemfs::workers::Workers::new("qemfs-read", workers.max(2), None)?,
             log,
+            direct_io: false,
         })
     }
 }
@@ -99,6 +103,19 @@ impl fuser::Filesystem for QemFs {
         // per entry in the kernel or in our table.
         let _ = config
             .add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // Zarr chunks are read once, whole (Content::direct_io): with
+        // direct I/O the kernel copies each reply straight into the
+        // reader's buffer, instead of into page-cache pages that the
+        // reader copies again and that stay behind. Only where a file so
+        // opened can still be mapped (Linux 6.6+): a reader that maps a
+        // chunk must not get ENODEV. ASYNC_DIO sends one large read as
+        // parallel requests, which the worker pool answers together.
+        self.direct_io = config
+            .add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_ok();
+        if self.direct_io {
+            let _ = config.add_capabilities(InitFlags::FUSE_ASYNC_DIO);
+        }
         Ok(())
     }
 
@@ -119,7 +136,16 @@ impl fuser::Filesystem for QemFs {
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let read_only = flags.acc_mode() == OpenAccMode::O_RDONLY;
         match self.core.open(ino.0, read_only) {
-            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE),
+            Ok(fh) => {
+                let direct = self.direct_io && self.core.file(fh).is_ok_and(|f| f.direct_io());
+                let flags = if direct {
+                    FopenFlags::FOPEN_DIRECT_IO
+                } else {
+                    // Immutable content: the page cache survives reopening.
+                    FopenFlags::FOPEN_KEEP_CACHE
+                };
+                reply.opened(FileHandle(fh), flags)
+            }
             Err(e) => reply.error(errno(&e)),
         }
     }

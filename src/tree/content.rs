@@ -42,6 +42,14 @@ pub trait Content: Send + Sync {
     fn held_at(&self, _offset: u64, _len: usize) -> Result<Option<Held>, TreeError> {
         Ok(None)
     }
+
+    /// Read once, whole, by bulk readers (a Zarr chunk): a mount serves it
+    /// around the kernel's page cache (direct I/O), whose copy of the
+    /// bytes would be a second one, paid for by the reader and kept long
+    /// after. Re-reads are answered from the budget's cached windows.
+    fn direct_io(&self) -> bool {
+        false
+    }
 }
 
 /// A range of bytes held in the budget (or by whoever made them), lent to

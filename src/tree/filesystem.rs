@@ -256,6 +256,12 @@ pub struct OpenFile {
 }
 
 impl OpenFile {
+    /// Whether the file is served around the kernel's page cache (see
+    /// [`Content::direct_io`]).
+    pub fn direct_io(&self) -> bool {
+        self.content.direct_io()
+    }
+
     /// The bytes `[offset, offset + size)`, clamped to the file's size.
     pub fn read(&self, offset: u64, size: u32) -> Result<Vec<u8>, FsError> {
         self.read_bytes(offset, size).map(|b| b.to_vec())

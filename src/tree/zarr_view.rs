@@ -232,6 +232,12 @@ impl Content for DenseChunk {
         (self.shape[0] * self.shape[1]) as u64 * self.frame_bytes()
     }
 
+    /// A chunk is read once, whole, by a Zarr client: its bytes go from
+    /// the cached window straight into the reader's buffer.
+    fn direct_io(&self) -> bool {
+        true
+    }
+
     fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
         let [rows, columns, ..] = self.view.file().shape();
         let fb = self.frame_bytes();

@@ -193,6 +193,54 @@ def test_zarr_through_the_mount(tmp_path, mount, copy_fixture):
         assert ds["data"].dims == DIMS
 
 
+def resident_pages(path: Path) -> tuple[int, int]:
+    """(pages of PATH in the kernel's page cache, pages in all), by mincore(2)
+    over a mapping that touches none of them."""
+    import ctypes
+    import mmap
+    import os
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = path.stat().st_size
+    pages = -(-size // mmap.PAGESIZE)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
+    try:
+        anchor = ctypes.c_char.from_buffer(mm)
+        vec = (ctypes.c_ubyte * pages)()
+        rc = libc.mincore(ctypes.c_void_p(ctypes.addressof(anchor)), ctypes.c_size_t(size), vec)
+        del anchor
+        assert rc == 0, os.strerror(ctypes.get_errno())
+        return sum(v & 1 for v in vec), pages
+    finally:
+        mm.close()
+
+
+def test_chunks_go_around_the_page_cache_and_still_map(tmp_path, mount):
+    """A chunk is read once, whole: the mount serves it with direct I/O, so
+    reading every chunk leaves none of it in the page cache (unlike
+    data.npy), and a chunk file still maps (numpy.memmap)."""
+    import platform
+
+    array = acquisition(8, 128, 32)
+    make_qem(tmp_path, array, "scan")
+    container = mount(tmp_path / "src") / "scan.qem"
+    chunk = container / "data.zarr" / "data" / "1.0.0.0"
+    assert chunk.read_bytes() == array[4:8].tobytes()
+    whole = container / "data.npy"
+    assert np.array_equal(np.load(whole), array)
+    release = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2])
+    if release >= (6, 6):  # FUSE_DIRECT_IO_ALLOW_MMAP: direct I/O is offered
+        assert resident_pages(chunk)[0] == 0, "a chunk read leaves no page-cache copy"
+    held, pages = resident_pages(whole)
+    assert held == pages, "data.npy stays in the page cache (FOPEN_KEEP_CACHE)"
+    mapped = np.memmap(chunk, dtype=np.uint16, mode="r", shape=(4, 128, 32, 32))
+    assert np.array_equal(mapped, array[4:8])
+    del mapped
+    group = zarr.open_group(str(container / "data.zarr"), mode="r", zarr_format=3)
+    assert np.array_equal(group["data"][:], array)
+
+
 def test_dask_cluster_computes_the_virtual_images(tmp_path, mount, copy_fixture):
     """The shipped example on a LocalCluster of 2 worker processes reading
     through the mount gives the mount's own sum, bf and mean_dp."""
