@@ -166,9 +166,10 @@ impl FrameSums {
         }
     }
 
-    /// Heap bytes held (the rows' mask and one band of sums).
+    /// Heap bytes held (the rows' weights, the tiles' biases and one band
+    /// of sums).
     pub(crate) fn heap_bytes(&self) -> usize {
-        self.mask.capacity() * 2 + self.band.capacity() * 4
+        self.weights.capacity() * 2 + (self.bias.capacity() + self.band.capacity()) * 4
     }
 
     /// 8×8 tiles of the covered rows: per frame, `bands * ceil(c / 8)`.
