@@ -65,8 +65,15 @@ fn a_block_larger_than_the_budget_is_read_in_cached_windows() {
     // the prefetcher's look-ahead, were loaded. Idle block cursors (84 MB
     // each) are values of the same LRU: the small read's window, its
     // look-ahead and its cursor (at frame 304, of no use to a reader from
-    // frame 0) go too, so a few more evictions than windows.
-    assert!(after.evictions - before.evictions <= 14, "{after:?}");
+    // frame 0) go too. How many exactly depends on how the look-ahead and
+    // the reader interleave (14 to 16 seen on 2 cores); a cache that
+    // thrashed would evict about once per read (thousands), so the bound
+    // is a few per window loaded.
+    let windows = (320u64 << 20).div_ceil(8 * FRAME) + 2;
+    assert!(
+        after.evictions - before.evictions <= 4 * windows,
+        "{windows} windows: {after:?}"
+    );
     let stats = tree.cache().stats();
     assert!(stats.bytes <= stats.budget, "{stats:?}");
 }
