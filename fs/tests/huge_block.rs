@@ -86,6 +86,16 @@ fn check(buf: &[u8], at: u64, lit: &[(u64, u16)]) {
     }
 }
 
+/// The daemon's peak resident memory since the last call, in MiB; the
+/// peak is reset (`clear_refs` 5) so that each phase is measured alone.
+fn phase_peak_mib(pid: u32, phase: &str) -> u64 {
+    let peak = status_kib(pid, "VmHWM:") / 1024;
+    let rss = status_kib(pid, "VmRSS:") / 1024;
+    eprintln!("{phase}: peak {peak} MiB, now {rss} MiB");
+    fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
+    peak
+}
+
 fn status_kib(pid: u32, field: &str) -> u64 {
     let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let line = status.lines().find(|l| l.starts_with(field)).unwrap();
@@ -130,6 +140,9 @@ fn a_block_of_4_gb_is_served_within_the_budget_under_a_2_gib_limit() {
 
     let values = lit_bytes();
     let data = mnt.join("huge.qem/data.npy");
+    fs::metadata(&data).unwrap();
+    let mut peaks = vec![];
+    peaks.push(phase_peak_mib(pid, "mounted, data.npy looked up"));
     let total = (FRAMES * FRAME) as u64;
     let header = fs::metadata(&data).unwrap().len() - total;
     let mut file = File::open(&data).unwrap();
@@ -153,6 +166,7 @@ fn a_block_of_4_gb_is_served_within_the_budget_under_a_2_gib_limit() {
     }
 
     eprintln!("small reads: {:?}", clock.elapsed());
+    peaks.push(phase_peak_mib(pid, "small reads"));
     // 512 MiB sequentially, in 1 MiB reads, from frame 100.
     let start = 100 * FRAME as u64;
     let mut buf = vec![0u8; 1 << 20];
@@ -165,12 +179,14 @@ fn a_block_of_4_gb_is_served_within_the_budget_under_a_2_gib_limit() {
     }
     let seconds = began.elapsed().as_secs_f64();
     eprintln!("512 MiB sequential: {:.0} MiB/s", 512.0 / seconds);
+    peaks.push(phase_peak_mib(pid, "sequential"));
 
     // One frame file.
     let frame = fs::read(mnt.join("huge.qem/frames/0/300.npy")).unwrap();
     check(npy_body(&frame, FRAME), 300 * FRAME as u64, &values);
 
     eprintln!("frame: {:?}", clock.elapsed());
+    peaks.push(phase_peak_mib(pid, "frame"));
     // The sum of each frame is its one count.
     let sum = fs::read(mnt.join("huge.qem/virtual/sum.npy")).unwrap();
     let sums: Vec<u64> = npy_body(&sum, FRAMES * 8)
@@ -181,15 +197,19 @@ fn a_block_of_4_gb_is_served_within_the_budget_under_a_2_gib_limit() {
     assert_eq!(sums, expected);
 
     eprintln!("sum: {:?}", clock.elapsed());
+    peaks.push(phase_peak_mib(pid, "sum"));
     assert!(alive(pid), "the daemon survived the reads");
-    let peak = status_kib(pid, "VmHWM:");
-    eprintln!("daemon peak resident: {} MiB", peak / 1024);
+    let peak = peaks.iter().max().copied().unwrap_or(0);
+    eprintln!("daemon peak resident: {peak} MiB");
     // The target is the budget + 200 MiB (456 MiB) and it is not
-    // met: with the block's cursors and windows counted in the budget the
-    // peak varies from run to run (571, 607 and 756 MiB measured; 823–842
-    // before). What is still outside the budget is not found, so the peak
-    // is printed, not asserted; the daemon's survival under the 2 GiB
-    // limit and every byte read are.
+    // met: the peak varies from run to run (553-578 MiB in the small
+    // reads, up to 779 in the sequential one; about 65 MiB of it is the
+    // daemon before any read). heaptrack shows the heap's peak as four
+    // live 64 MiB windows and one cursor, where the budget holds two
+    // windows and a cursor: windows evicted from the budget stay alive
+    // while a reader still copies from them or until the buffer recycler
+    // next looks at them. So the peak is printed, not asserted; the
+    // daemon's survival under the 2 GiB limit and every byte read are.
     drop(file);
     assert!(unmount(&mnt).status.success());
 }
