@@ -12,9 +12,16 @@ cache; the source file stays in the page cache):
    out, the reference rate;
 2. every chunk of `data.zarr/data` read through the mount by 2 processes;
 3. the sum over the detector with Dask on a LocalCluster of 2 worker
-   processes reading `data.zarr` through the mount, with the daemon's peak
-   RSS (VmHWM) while it runs: the fresh cluster's first computation (which
-   also pays Dask's own start) and the same sum again on a fresh mount;
+   processes (1 thread each) reading `data.zarr` through the mount, with the
+   daemon's peak RSS (VmHWM) while it runs, and the workers' CPU time and
+   page faults: the fresh cluster's first computation (which also pays
+   Dask's own start) and the same sum again on a fresh mount. Twice: the
+   plain `data.sum(axis=(2, 3), dtype=np.uint64)` on workers with Dask's
+   default environment, then on the cluster that
+   `examples/dask_virtual_images.py` starts (its malloc settings: chunk
+   buffers reused, not mapped afresh) both that plain sum and the example's
+   exact sum (uint32 accumulation where pixels x the dtype's maximum fits,
+   widened to uint64), which must equal it;
 4. `qem convert FILE X.zarr` (blosc-zstd), in MB/s of dense output.
 
 Needs root and /dev/fuse for 2 and 3. Prints one line per figure.
@@ -34,6 +41,16 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
+sys.path.insert(0, str(REPO / "examples"))
+# Dask's nanny writes its workers' pre-spawn variables (MALLOC_TRIM_THRESHOLD_)
+# into this process's environment: each cluster, and each daemon, starts
+# from the environment the bench was started with instead.
+START_ENV = dict(os.environ)
+
+
+def restore_environ():
+    os.environ.clear()
+    os.environ.update(START_ENV)
 
 
 def acquisition(scan: int, det: int) -> np.ndarray:
@@ -75,7 +92,8 @@ def read_halves(chunks):
 class Mount:
     def __init__(self, src: Path, cache_mib: int):
         self.mnt = Path(tempfile.mkdtemp(prefix="qemfs-bench-"))
-        subprocess.run([BIN / "qemfs", "mount", src, self.mnt, "--cache-size", str(cache_mib)], check=True)
+        subprocess.run([BIN / "qemfs", "mount", src, self.mnt, "--cache-size", str(cache_mib)],
+                       check=True, env=START_ENV)
         self.pid = int(os.getxattr(self.mnt, "user.qemfs.pid"))  # the daemon names itself
 
     def hwm_mib(self) -> float:
@@ -93,6 +111,57 @@ class Mount:
     def close(self):
         subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
         shutil.rmtree(self.mnt, ignore_errors=True)
+
+
+def worker_usage():
+    """This worker's CPU time (user + system) and minor page faults so far."""
+    import resource
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime, r.ru_minflt
+
+
+def dask_trials(client, src, cache_mib, label, sums, chunks_s, cat_s, scan):
+    """Each of `sums` (name, function of the Dask array) computed by the
+    cluster's workers, each time on a fresh mount (the block cache cold
+    again), one line per sum. A fresh cluster's first computation also pays
+    Dask's own start: it runs the first sum once more beforehand, timed
+    apart. Returns the results by name."""
+    import dask.array as da
+    import zarr
+
+    first = None
+    results = {}
+    for name, reduce in [sums[0]] + sums:
+        m = Mount(src, cache_mib)
+        try:
+            array = zarr.open_array(str(m.mnt / "scan.qem" / "data.zarr" / "data"),
+                                    mode="r", zarr_format=3)
+            data = da.from_zarr(array)
+            before = client.run(worker_usage)
+            cpu = m.cpu_s()
+            here = os.times()  # this process: the client and the LocalCluster's scheduler
+            t = time.perf_counter()
+            total = reduce(data).compute()
+            s = time.perf_counter() - t
+            cpu = m.cpu_s() - cpu
+            here = sum(os.times()[:2]) - sum(here[:2])
+            after = client.run(worker_usage)
+            workers_cpu = sum(after[w][0] - before[w][0] for w in before)
+            faults = sum(after[w][1] - before[w][1] for w in before)
+            assert total.shape == (scan, scan) and total.dtype == np.uint64
+            if first is None:
+                first = s
+                continue
+            results[name] = total
+            print(f"Dask {name}, {label}, 2 worker processes, cold blocks: {s:.3f} s "
+                  f"({s / cat_s:.2f}x the qem cat time, {s / chunks_s:.2f}x the chunk read; "
+                  f"the fresh cluster's first computation {first:.3f} s); CPU: daemon {cpu:.2f} s, "
+                  f"workers {workers_cpu:.2f} s ({faults} minor page faults), client and scheduler "
+                  f"{here:.2f} s; daemon peak RSS "
+                  f"{m.hwm_mib():.0f} MiB (cache budget {cache_mib} MiB)")
+        finally:
+            m.close()
+    return results
 
 
 def main():
@@ -136,40 +205,28 @@ def main():
             finally:
                 m.close()
 
-            import dask.array as da
-            import zarr
             from dask.distributed import Client, LocalCluster
 
-            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True) as cluster, \
-                    Client(cluster) as client:
-                # Workers import their libraries before the clock starts.
-                client.run(lambda: __import__("zarr") and __import__("numpy"))
-                # A fresh cluster's first computation also pays Dask's own
-                # start: timed apart; the same sum on a fresh mount (the
-                # block cache cold again) is the steady figure.
-                first = None
-                for trial in ("first", "steady"):
-                    m = Mount(src, args.cache_size)
-                    try:
-                        array = zarr.open_array(str(m.mnt / "scan.qem" / "data.zarr" / "data"),
-                                                mode="r", zarr_format=3)
-                        data = da.from_zarr(array)
-                        cpu = m.cpu_s()
-                        t = time.perf_counter()
-                        total = data.sum(axis=(2, 3), dtype=np.uint64).compute()
-                        s = time.perf_counter() - t
-                        cpu = m.cpu_s() - cpu
-                        assert total.shape == (args.scan, args.scan)
-                        if first is None:
-                            first = s
-                            continue
-                        print(f"Dask sum over the detector, 2 worker processes, cold blocks: "
-                              f"{s:.3f} s ({s / cat_s:.2f}x the qem cat time, {s / chunks_s:.2f}x "
-                              f"the chunk read; the fresh cluster's first computation {first:.3f} s); "
-                              f"daemon CPU {cpu:.2f} s, peak RSS {m.hwm_mib():.0f} MiB "
-                              f"(cache budget {args.cache_size} MiB)")
-                    finally:
-                        m.close()
+            from dask_virtual_images import detector_sum, local_cluster
+
+            plain = ("sum over the detector (plain uint64)",
+                     lambda data: data.sum(axis=(2, 3), dtype=np.uint64))
+            exact = ("sum over the detector (the example's exact uint32, widened)", detector_sum)
+            results = {}
+            for label, start, sums in [
+                ("Dask's default worker environment",
+                 lambda: LocalCluster(n_workers=2, threads_per_worker=1, processes=True), [plain]),
+                ("the example's cluster (chunk buffers reused)", lambda: local_cluster(2), [plain, exact]),
+            ]:
+                restore_environ()
+                with start() as cluster, Client(cluster) as client:
+                    # Workers import their libraries before the clock starts.
+                    client.run(lambda: __import__("zarr") and __import__("numpy"))
+                    got = dask_trials(client, src, args.cache_size, label, sums, chunks_s, cat_s, args.scan)
+                for total in got.values():
+                    results.setdefault("reference", total)
+                    assert np.array_equal(total, results["reference"])
+                restore_environ()
         else:
             print("mount figures skipped: they need root and /dev/fuse")
 

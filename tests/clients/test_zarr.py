@@ -265,6 +265,30 @@ def test_dask_cluster_computes_the_virtual_images(tmp_path, mount, copy_fixture)
         assert np.array_equal(total, (dense * valid).sum(axis=(2, 3)))
 
 
+def test_dask_sums_stay_exact_at_the_accumulators_limit(tmp_path, mount):
+    """The example accumulates in uint32 where pixels x 65535 fits: every
+    pixel at 65535 on a 256x256 detector (the largest sum uint32 holds) and
+    on a 257x256 one (one that overflows it, so uint64) gives numpy's
+    uint64 sums and the mount's images."""
+    for rows in (256, 257):
+        make_qem(tmp_path, np.full((2, 3, rows, 256), 65535, np.uint16), f"full{rows}")
+    mnt = mount(tmp_path / "src")
+    for rows in (256, 257):
+        name = f"full{rows}"
+        out = subprocess.run(
+            [sys.executable, str(REPO / "examples" / "dask_virtual_images.py"),
+             str(mnt / f"{name}.qem"), "--workers", "2", "--check", "--out", str(tmp_path / name)],
+            capture_output=True, text=True, timeout=300,
+        )
+        assert out.returncode == 0, out.stdout + out.stderr
+        dense = np.load(mnt / f"{name}.qem" / "data.npy")
+        total = np.load(tmp_path / name / "sum.npy")
+        assert total.dtype == np.uint64
+        assert np.array_equal(total, dense.sum(axis=(2, 3), dtype=np.uint64)), name
+        mean_dp = np.load(tmp_path / name / "mean_dp.npy")
+        assert np.array_equal(mean_dp, dense.mean(axis=(0, 1), dtype=np.float64).astype(np.float32))
+
+
 def test_dask_cluster_computes_the_virtual_images_from_a_sharded_store(tmp_path, copy_fixture):
     """Without FUSE: `qem convert X.qem X.zarr --zarr-shard-mib N`, then the
     shipped example on a LocalCluster of 2 worker processes reading the
