@@ -91,7 +91,15 @@ fn check(buf: &[u8], at: u64, lit: &[(u64, u16)]) {
 fn phase_peak_mib(pid: u32, phase: &str) -> u64 {
     let peak = status_kib(pid, "VmHWM:") / 1024;
     let rss = status_kib(pid, "VmRSS:") / 1024;
-    eprintln!("{phase}: peak {peak} MiB, now {rss} MiB");
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    eprintln!("{phase}: peak {peak} MiB, now {rss} MiB, daemon CPU so far {ticks} ticks");
     fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
     peak
 }
