@@ -146,8 +146,15 @@ def compute(zarr_path: Path, center, radius):
     bf = detector_sum(data, np.flatnonzero(bf_mask.ravel()))
     frames = source.shape[0] * source.shape[1]
     pattern_acc = exact_accumulator(source.dtype, frames)
-    mean_dp = da.sum(data, axis=(0, 1), dtype=pattern_acc).astype(np.float64) / frames
-    total, bf, mean_dp = da.compute(total, bf, mean_dp)
+    pattern = da.sum(data, axis=(0, 1), dtype=pattern_acc)
+    total, bf, pattern = da.compute(total, bf, pattern)
+    if not integer:
+        # The mount's float products are float32 sums (an overflowing one,
+        # such as two FLT_MAX, is inf) and its mean pattern that sum divided
+        # by the frame count: the same rule here, on the float64 sums.
+        with np.errstate(over="ignore"):
+            total, bf, pattern = (x.astype(np.float32) for x in (total, bf, pattern))
+    mean_dp = pattern.astype(np.float64) / frames
     # Invalid pixels read 0 in the mount's mean pattern, as in every product.
     mean_dp = np.where(valid, mean_dp, 0).astype(np.float32)
     return {"sum": total, "bf": bf, "mean_dp": mean_dp}

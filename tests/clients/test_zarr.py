@@ -265,6 +265,25 @@ def test_dask_cluster_computes_the_virtual_images(tmp_path, mount, copy_fixture)
         assert np.array_equal(total, (dense * valid).sum(axis=(2, 3)))
 
 
+def test_dask_example_follows_the_float_products_rules(tmp_path, mount, copy_fixture):
+    """A float acquisition holding NaN, infinities, FLT_MAX pairs and
+    subnormals (a conformance fixture): the example's images agree with
+    the mount's, an overflowing float32 sum (the mean pattern's) included."""
+    copy_fixture("qem/f32-special-13x7.qem", tmp_path / "src")
+    mnt = mount(tmp_path / "src")
+    out = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "dask_virtual_images.py"),
+         str(mnt / "f32-special-13x7.qem"), "--workers", "2", "--check", "--out", str(tmp_path / "f")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    for product in ["sum", "bf", "mean_dp"]:
+        assert f"{product}: equal to virtual/{product}.npy" in out.stdout
+    # Two FLT_MAX at one pixel: the float32 sum overflows, as the mount's.
+    mean_dp = np.load(tmp_path / "f" / "mean_dp.npy")
+    assert np.isinf(mean_dp).any()
+
+
 def test_dask_sums_stay_exact_at_the_accumulators_limit(tmp_path, mount):
     """The example accumulates in uint32 where pixels x 65535 fits: every
     pixel at 65535 on a 256x256 detector (the largest sum uint32 holds) and
