@@ -174,6 +174,16 @@ where
         Some(value)
     }
 
+    /// Waits for the load of `key` under way, if there is one: for a
+    /// caller that needs what that load leaves behind (a block cursor kept
+    /// standing after its window) rather than its value.
+    pub fn wait_for_load(&self, key: &K) {
+        let slot = self.lock().loading.get(key).cloned();
+        if let Some(slot) = slot {
+            slot.wait();
+        }
+    }
+
     /// Whether `key` is cached or being loaded: prefetchers use this to skip
     /// work that is already done or under way.
     pub fn is_present_or_loading(&self, key: &K) -> bool {

@@ -155,6 +155,12 @@ impl Budget {
         })
     }
 
+    /// Waits for the load of `key` under way, if any (see
+    /// [`BlockCache::wait_for_load`]).
+    pub fn wait_for_load(&self, key: impl Into<CacheKey>) {
+        self.cache.wait_for_load(&key.into());
+    }
+
     /// Whether `key` is held or being loaded.
     pub fn is_present_or_loading(&self, key: impl Into<CacheKey>) -> bool {
         self.cache.is_present_or_loading(&key.into())
