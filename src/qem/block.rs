@@ -199,7 +199,7 @@ impl BlockCursor {
     }
 
     /// Decodes the next `n` frames without output (the index check and
-    /// the streams' checks still run), [`SKIP_STEP`] frames at a time.
+    /// the streams' checks still run), a few frames at a time (`SKIP_STEP`).
     pub fn skip(&mut self, file: &QemFile, n: usize) -> Result<()> {
         let mut left = n;
         loop {
