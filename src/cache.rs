@@ -36,6 +36,9 @@ impl Weighted for [u8] {
 
 type Slot<V, E> = Arc<OnceLock<Result<Arc<V>, E>>>;
 
+/// Values taken out of the cache under its lock, to be dropped after it.
+type Evicted<V> = Vec<Arc<V>>;
+
 struct State<K: Hash + Eq, V: ?Sized, E> {
     lru: LruCache<K, Arc<V>>,
     bytes: usize,
@@ -113,6 +116,7 @@ where
         };
         let result = slot.get_or_init(load).clone();
         let mut state = self.lock();
+        let mut evicted = Evicted::new();
         // Whoever gets here first retires the slot and publishes the value,
         // under the same lock that lookups take, so no later caller can miss
         // both the slot and the cached value.
@@ -123,9 +127,11 @@ where
         {
             state.loading.remove(key);
             if let Ok(value) = &result {
-                self.insert_locked(&mut state, key.clone(), Arc::clone(value));
+                evicted = self.insert_locked(&mut state, key.clone(), Arc::clone(value));
             }
         }
+        drop(state);
+        drop(evicted);
         result
     }
 
@@ -133,8 +139,8 @@ where
     /// least recently used: for values computed under their own
     /// single-flight lock (`tree::content::Lazy`).
     pub fn insert(&self, key: K, value: Arc<V>) {
-        let mut state = self.lock();
-        self.insert_locked(&mut state, key, value);
+        let evicted = self.insert_locked(&mut self.lock(), key, value);
+        drop(evicted);
     }
 
     /// Sets `bytes` of the budget aside for a value about to be loaded (a
@@ -149,7 +155,9 @@ where
             return false;
         }
         state.reserved += bytes;
-        self.evict_locked(&mut state);
+        let evicted = self.evict_locked(&mut state);
+        drop(state);
+        drop(evicted);
         true
     }
 
@@ -201,11 +209,15 @@ where
             .filter(|(k, _)| stale(k))
             .map(|(k, _)| k.clone())
             .collect();
+        let mut removed = Evicted::new();
         for key in keys {
             if let Some(value) = state.lru.pop(&key) {
                 state.bytes -= value.weight();
+                removed.push(value);
             }
         }
+        drop(state);
+        drop(removed);
     }
 
     pub fn stats(&self) -> CacheStats {
@@ -221,29 +233,38 @@ where
         }
     }
 
-    fn insert_locked(&self, state: &mut State<K, V, E>, key: K, value: Arc<V>) {
+    /// Keeps `value` (when it fits): returns what was evicted, for the
+    /// caller to drop once the lock is released.
+    fn insert_locked(&self, state: &mut State<K, V, E>, key: K, value: Arc<V>) -> Evicted<V> {
         let weight = value.weight();
         if weight > self.budget {
-            return;
+            return Evicted::new();
         }
         if let Some(old) = state.lru.put(key, value) {
             state.bytes -= old.weight();
         }
         state.bytes += weight;
-        self.evict_locked(state);
+        self.evict_locked(state)
     }
 
-    /// Evicts the least recently used until values and reservations fit.
-    fn evict_locked(&self, state: &mut State<K, V, E>) {
+    /// Evicts the least recently used until values and reservations fit,
+    /// returning them: they are dropped after the lock is released, since
+    /// dropping one can be slow (a 64 MiB window is unmapped, an idle
+    /// block cursor gives its heap back to the system) and every reader
+    /// waits on this lock.
+    fn evict_locked(&self, state: &mut State<K, V, E>) -> Evicted<V> {
+        let mut evicted = Evicted::new();
         while state.bytes + state.reserved > self.budget {
             match state.lru.pop_lru() {
-                Some((_, evicted)) => {
-                    state.bytes -= evicted.weight();
+                Some((_, value)) => {
+                    state.bytes -= value.weight();
                     self.evictions.fetch_add(1, Ordering::Relaxed);
+                    evicted.push(value);
                 }
                 None => break,
             }
         }
+        evicted
     }
 
     fn lock(&self) -> MutexGuard<'_, State<K, V, E>> {

@@ -188,8 +188,11 @@ impl QemView {
     ) -> Result<Vec<u8>, crate::qem::QemError> {
         // Windows start at multiples of `w`, so a cursor stands at one.
         let w = self.window_frames(info).max(1);
-        let here = self.cursor_key(info.index, codes, window);
-        let mut taken = self.cache.take::<IdleCursor>(here);
+        let take_at = |frame| {
+            self.cache
+                .take::<IdleCursor>(self.cursor_key(info.index, codes, frame))
+        };
+        let mut taken = take_at(window);
         if taken.is_none() && window >= w {
             // The cursor that will stand here may be at work on the window
             // before: the prefetcher asked for the window after the one a
@@ -202,20 +205,12 @@ impl QemView {
                 window: window - w,
                 codes,
             });
-            taken = self.cache.take::<IdleCursor>(here);
+            taken = take_at(window);
         }
         let taken = taken
-            .or_else(|| {
-                (0..window / w).rev().find_map(|k| {
-                    self.cache
-                        .take::<IdleCursor>(self.cursor_key(info.index, codes, k * w))
-                })
-            })
-            .and_then(|idle| Arc::try_unwrap(idle).ok());
-        let taken = taken.and_then(|idle| {
-            let cursor = idle.cursor.lock().unwrap_or_else(|e| e.into_inner()).take();
-            cursor.map(|c| (c, idle.bytes))
-        });
+            .or_else(|| (0..window / w).rev().find_map(|k| take_at(k * w)))
+            .and_then(|idle| Arc::try_unwrap(idle).ok())
+            .and_then(IdleCursor::into_parts);
         let (mut cursor, reserved) = match taken {
             Some((cursor, bytes)) => {
                 let reserved = self.cache.reserve_while(bytes, 1024);
@@ -579,6 +574,19 @@ struct IdleCursor {
 /// with a 256 MiB budget held 150-350 MiB more than the budget after its
 /// reads (fs/tests/huge_block.rs). So an evicted cursor's memory is given
 /// back to the system as it goes; cursors go at most once per window.
+impl IdleCursor {
+    /// The cursor and the bytes it is charged, taken out (its drop then
+    /// has nothing to give back).
+    fn into_parts(mut self) -> Option<(BlockCursor, usize)> {
+        let cursor = self
+            .cursor
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take();
+        cursor.map(|c| (c, self.bytes))
+    }
+}
+
 impl Drop for IdleCursor {
     fn drop(&mut self) {
         let cursor = self
