@@ -3,8 +3,7 @@
 //! 4.28 GB, mounted with `--cache-size 256` and the daemon held to 2 GiB of
 //! address space, answers scattered 4 KiB reads, a 512 MiB sequential read,
 //! a frame file and `virtual/sum.npy` with the right bytes, and its peak
-//! resident memory stays under the limit (not yet within the budget plus
-//! 200 MiB: see the end of the test).
+//! resident memory stays within the budget plus 200 MiB.
 
 mod common;
 
@@ -209,17 +208,15 @@ fn a_block_of_4_gb_is_served_within_the_budget_under_a_2_gib_limit() {
     assert!(alive(pid), "the daemon survived the reads");
     let peak = peaks.iter().max().copied().unwrap_or(0);
     eprintln!("daemon peak resident: {peak} MiB");
-    // The target is the budget + 200 MiB (456 MiB) and it is not
-    // met: the peak varies from run to run (503-578 MiB in the scattered
-    // reads, up to 779 in the sequential one; the daemon is 15-20 MiB
-    // before any read). What is live stays about the budget: heaptrack's
-    // heap peak in the scattered reads is 391 MiB, 128 of it fuser's
-    // request buffers (16 MiB each, never touched, so not resident). The
-    // rest is freed heap memory malloc keeps mapped (`malloc_trim` called
-    // from gdb after those reads gave back 52 of 331 MiB of anonymous
-    // memory) and what decoding needs beside the budget while it runs. So
-    // the peak is printed, not asserted; the daemon's survival under the
-    // 2 GiB limit and every byte read are.
+    // The bound: the budget plus 200 MiB (456 MiB). Measured on
+    // 2 cores, 9 runs: 370 in the scattered reads (a 64 MiB window being
+    // decoded beside a full budget), 298-403 in the sequential read and
+    // the frame, 286-308 for `sum.npy` (which unpacks only its 32-pixel
+    // tiles' sums; all tile sizes of this block are 134 MB).
+    assert!(
+        peak <= BUDGET_MIB + 200,
+        "daemon peak resident {peak} MiB over the budget {BUDGET_MIB} MiB + 200"
+    );
     drop(file);
     assert!(unmount(&mnt).status.success());
 }
