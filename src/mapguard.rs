@@ -185,6 +185,28 @@ impl Mapping {
         let _ = self.map.advise(memmap2::Advice::WillNeed);
     }
 
+    /// Drops this process's page-table entries for the whole mapping
+    /// (`MADV_DONTNEED`): the file's pages stay in the page cache, and the
+    /// next read of any of them maps it again with a minor fault. A
+    /// long-lived reader calls it after each piece of work, so that its
+    /// resident memory does not grow with the share of its files it has
+    /// ever read (a daemon reading three 100 MB files whole showed 200 MiB
+    /// of them resident beside its cache).
+    pub fn release_pages(&self) {
+        if self.map.is_empty() {
+            return;
+        }
+        // SAFETY: the mapping is a read-only shared file mapping: dropping
+        // its page-table entries frees no memory that a reference points
+        // into (the range stays mapped) and changes no byte a later read
+        // sees; only the pages' residency in this process. Only a hint; a
+        // failure changes nothing.
+        let _ = unsafe {
+            self.map
+                .unchecked_advise(memmap2::UncheckedAdvice::DontNeed)
+        };
+    }
+
     fn register(map: memmap2::Mmap, file: std::fs::File) -> Self {
         let (start, len) = (map.as_ptr() as usize, map.len());
         let slot = (start != 0 && len != 0)

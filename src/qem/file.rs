@@ -50,6 +50,12 @@ impl Source {
         }
     }
 
+    fn release_pages(&self) {
+        if let Source::Mapped(m, _) = self {
+            m.release_pages();
+        }
+    }
+
     fn bytes(&self) -> &[u8] {
         match self {
             Source::Mapped(m, _) => &m[..],
@@ -341,6 +347,12 @@ impl QemFile {
         self.integrity.ensure(body, range.clone())?;
         body.get(range)
             .ok_or_else(|| QemError::layout(None, "array outside the body"))
+    }
+
+    /// Lets go of the mapped file's pages this process has read
+    /// ([`Mapping::release_pages`]); nothing for a file held in memory.
+    pub fn release_mapped_pages(&self) {
+        self.source.release_pages();
     }
 
     /// Verifies every body checksum block (in parallel).

@@ -37,6 +37,12 @@ impl Image {
         }
     }
 
+    fn release_pages(&self) {
+        if let Image::Mapped(m) = self {
+            m.release_pages();
+        }
+    }
+
     pub(crate) fn bytes(&self) -> &[u8] {
         match self {
             Image::Owned(v) => v,
@@ -159,6 +165,13 @@ impl Encoding {
     /// [`crate::mapguard`]).
     pub fn faults(&self) -> u64 {
         self.inner.image.faults()
+    }
+
+    /// Lets go of the mapped file's pages this process has read
+    /// ([`crate::mapguard::Mapping::release_pages`]); nothing for an image
+    /// held in memory.
+    pub fn release_mapped_pages(&self) {
+        self.inner.image.release_pages();
     }
 
     /// Whether the mapped file changed since it was read: a fault, or a

@@ -153,6 +153,9 @@ impl QemView {
             } else {
                 self.decode_window(&info, window, n, codes)
             };
+            // What the decode read of the source is in the page cache; the
+            // daemon keeps only what it decoded (in the budget) resident.
+            self.file.release_mapped_pages();
             let bytes = decoded.map_err(|e| self.decode_error(e))?;
             if self.file.faults() != faults {
                 return Err(self.decode_error(mapguard::CHANGED));

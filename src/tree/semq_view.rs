@@ -107,6 +107,7 @@ fn config_json(e: &Encoding) -> Vec<u8> {
 
 /// Builds the directory of an opened (fully verified) `.semq` file.
 pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeError> {
+    let opened = e.clone();
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
     let file = |c: Arc<dyn Content>| Entry::File(c);
     entries.insert(
@@ -213,6 +214,9 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
             e,
         ))),
     );
+    // Opening verified the whole file and the id marks read every id: the
+    // pages are in the page cache, not kept in the daemon.
+    opened.release_mapped_pages();
     Ok(Arc::new(StaticDir::new(entries).with_xattrs(xattrs)))
 }
 
@@ -254,6 +258,9 @@ fn npy_rows(
             let skip = at - (first * row_bytes) as u64;
             done += copy_range(&window, skip, &mut buf[done..]);
         }
+        // As a `.qem` window's decode does (`QemView::load_window`): a
+        // whole `vectors.npy` read would keep the whole file resident.
+        e.release_mapped_pages();
         unchanged(&e)
     })
 }

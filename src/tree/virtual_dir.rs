@@ -139,7 +139,11 @@ impl Products {
     /// product of a changed file is kept.
     fn guarded<T>(&self, make: impl FnOnce() -> Result<T, TreeError>) -> Result<T, TreeError> {
         let faults = self.view.file().faults();
-        let value = make()?;
+        let value = make();
+        // A product reads much of the file (every block, or its index):
+        // its pages are let go as a window's are (`QemView::load_window`).
+        self.view.file().release_mapped_pages();
+        let value = value?;
         if self.view.file().faults() != faults {
             return Err(TreeError::SourceChanged);
         }

@@ -62,6 +62,19 @@ pub fn unmount(mnt: &Path) -> Output {
     run(Command::new(qemfs()).arg("unmount").arg(mnt))
 }
 
+/// Unmounts `0` when dropped, if it is still mounted: a test that fails
+/// between its mount and its own unmount leaves no daemon behind (one
+/// holding its budget would skew the memory and speed of later tests).
+pub struct UnmountOnDrop(pub PathBuf);
+
+impl Drop for UnmountOnDrop {
+    fn drop(&mut self) {
+        if is_mounted(&self.0) {
+            let _ = unmount(&self.0);
+        }
+    }
+}
+
 pub fn daemon_pid(mnt: &Path) -> u32 {
     let c = CString::new(mnt.as_os_str().as_bytes()).unwrap();
     let name = CString::new("user.qemfs.pid").unwrap();
