@@ -167,6 +167,13 @@ where
         state.reserved = state.reserved.saturating_sub(bytes);
     }
 
+    /// Whether a value of `weight` can be held at all: one larger than the
+    /// whole budget is never inserted (it would evict everything and then
+    /// itself).
+    pub fn can_hold(&self, weight: usize) -> bool {
+        weight <= self.budget
+    }
+
     /// The cached value, if present (counts as a use).
     pub fn get(&self, key: &K) -> Option<Arc<V>> {
         self.lock().lru.get(key).cloned()
@@ -237,7 +244,7 @@ where
     /// caller to drop once the lock is released.
     fn insert_locked(&self, state: &mut State<K, V, E>, key: K, value: Arc<V>) -> Evicted<V> {
         let weight = value.weight();
-        if weight > self.budget {
+        if !self.can_hold(weight) {
             return Evicted::new();
         }
         if let Some(old) = state.lru.put(key, value) {

@@ -97,6 +97,11 @@ impl Budget {
         self.cache.stats().budget
     }
 
+    /// Whether a value of `bytes` can be held ([`BlockCache::can_hold`]).
+    pub fn can_hold(&self, bytes: usize) -> bool {
+        self.cache.can_hold(bytes)
+    }
+
     /// A new key for a value derived from container opening `view`.
     pub fn derived(&self, view: u64) -> CacheKey {
         CacheKey::Derived {

@@ -121,8 +121,15 @@ type Producer = Box<dyn Fn() -> Result<Vec<u8>, TreeError> + Send + Sync>;
 /// the budget is full, and computed again if read after that. A failed
 /// computation is not kept, so a later read retries; a producer that reads
 /// a memory-mapped source must fail when that mapping faulted while it ran.
-/// Files that can be larger than a budget are not `Lazy`: they are served
-/// in windows computed per read.
+///
+/// A value larger than the whole budget (a virtual image of a huge scan
+/// under a small `--cache-size`) is computed once and spilled to an
+/// unlinked temporary file (in `$TMPDIR`) that this content keeps for as
+/// long as its container is open, and reads are served from there: held
+/// in the budget it would evict everything and then itself, and be
+/// computed again for every read. Files whose computation itself needs
+/// more than a budget are not `Lazy`: they are served in windows computed
+/// per read ([`Windowed`]).
 pub struct Lazy {
     size: u64,
     produce: Producer,
@@ -131,6 +138,14 @@ pub struct Lazy {
     /// Held while computing, so that concurrent first readers wait for one
     /// computation instead of each running their own.
     computing: Mutex<()>,
+    /// The value, once computed, if the budget cannot hold it.
+    spilled: OnceLock<File>,
+}
+
+/// Where a computed value is.
+enum Computed<'a> {
+    Held(Arc<Vec<u8>>),
+    Spilled(&'a File),
 }
 
 impl Lazy {
@@ -148,15 +163,23 @@ impl Lazy {
             budget: Arc::clone(budget),
             key: budget.derived(view),
             computing: Mutex::new(()),
+            spilled: OnceLock::new(),
         }
     }
 
-    fn bytes(&self) -> Result<Arc<Vec<u8>>, TreeError> {
-        if let Some(v) = self.budget.get(self.key) {
+    fn held(&self) -> Option<Computed<'_>> {
+        if let Some(file) = self.spilled.get() {
+            return Some(Computed::Spilled(file));
+        }
+        self.budget.get(self.key).map(Computed::Held)
+    }
+
+    fn value(&self) -> Result<Computed<'_>, TreeError> {
+        if let Some(v) = self.held() {
             return Ok(v);
         }
         let _one = lock(&self.computing);
-        if let Some(v) = self.budget.get(self.key) {
+        if let Some(v) = self.held() {
             return Ok(v);
         }
         // A producer that reads a mapping checks that mapping's own fault
@@ -171,10 +194,26 @@ impl Lazy {
                 self.size
             )));
         }
-        let bytes = Arc::new(bytes);
-        self.budget.keep(self.key, Arc::clone(&bytes));
-        Ok(bytes)
+        if self.budget.can_hold(bytes.len()) {
+            let bytes = Arc::new(bytes);
+            self.budget.keep(self.key, Arc::clone(&bytes));
+            return Ok(Computed::Held(bytes));
+        }
+        match spill(&bytes) {
+            Ok(file) => Ok(Computed::Spilled(self.spilled.get_or_init(|| file))),
+            // No room for it on disk either: this read is served from the
+            // value, and the next computes it again.
+            Err(_) => Ok(Computed::Held(Arc::new(bytes))),
+        }
     }
+}
+
+/// `bytes` written to a new unlinked temporary file.
+fn spill(bytes: &[u8]) -> std::io::Result<File> {
+    use std::io::Write;
+    let mut file = tempfile::tempfile()?;
+    file.write_all(bytes)?;
+    Ok(file)
 }
 
 impl Content for Lazy {
@@ -186,14 +225,25 @@ impl Content for Lazy {
         if offset >= self.size {
             return Ok(0);
         }
-        Ok(copy_range(&self.bytes()?, offset, buf))
+        match self.value()? {
+            Computed::Held(bytes) => Ok(copy_range(&bytes, offset, buf)),
+            Computed::Spilled(file) => {
+                let n = buf.len().min((self.size - offset) as usize);
+                file.read_exact_at(&mut buf[..n], offset)
+                    .map_err(|e| TreeError::Internal(format!("reading a spilled file: {e}")))?;
+                Ok(n)
+            }
+        }
     }
 
     fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
         if offset >= self.size {
             return Ok(None);
         }
-        Ok(Some(Held::new(self.bytes()?, offset as usize, len)))
+        Ok(match self.value()? {
+            Computed::Held(bytes) => Some(Held::new(bytes, offset as usize, len)),
+            Computed::Spilled(_) => None,
+        })
     }
 }
 
@@ -367,10 +417,41 @@ mod tests {
         assert_eq!(budget.stats().bytes, 60, "one of them was evicted");
         assert_eq!(read_all(&lazy).unwrap(), vec![1; 60]);
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 2);
-        // Larger than the whole budget: served, never held.
-        let huge = Lazy::new(&budget, 3, 200, || Ok(vec![3; 200]));
-        assert_eq!(read_all(&huge).unwrap().len(), 200);
-        assert!(budget.stats().bytes <= 100);
+    }
+
+    /// A computed file larger than the whole budget is computed once, not
+    /// per read, and not held in memory: every read after the first is
+    /// served from its spilled copy, byte for byte.
+    #[test]
+    fn lazy_content_larger_than_the_budget_is_computed_once() {
+        let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let budget = Arc::new(Budget::new(100));
+        let c = calls.clone();
+        let value: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let v = value.clone();
+        let huge = Lazy::new(&budget, 3, 1000, move || {
+            c.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(v.clone())
+        });
+        // Reads of 64 bytes, as a reader asking piece by piece would.
+        let mut got = Vec::new();
+        let mut buf = [0u8; 64];
+        loop {
+            let n = huge.read_at(got.len() as u64, &mut buf).unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert_eq!(got, value);
+        assert_eq!(huge.read_at(990, &mut buf).unwrap(), 10);
+        assert_eq!(&buf[..10], &value[990..]);
+        assert!(
+            huge.held_at(0, 64).unwrap().is_none(),
+            "nothing held to lend"
+        );
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        assert_eq!(budget.stats().bytes, 0, "never held in the budget");
     }
 
     #[test]

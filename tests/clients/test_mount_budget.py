@@ -97,3 +97,35 @@ def test_a_huge_frames_folder_is_listed_page_by_page(tmp_path, mount):
     grown = daemon_peak_mib(mnt) - before
     # Made whole, the listing of 2 M names and nodes took hundreds of MiB.
     assert grown <= 32, f"listing {rows} rows grew the daemon by {grown:.0f} MiB in {took:.1f} s"
+
+
+def test_a_computed_file_larger_than_the_budget_is_served_whole(tmp_path, mount):
+    # A 1100 × 1000 scan: the PNG preview of its sum image is 1.1 MB, more
+    # than a 1 MiB budget can hold. It is computed once and served from a
+    # spilled copy (not computed again for every request, nor held in
+    # memory), byte for byte what a mount whose budget holds it serves.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(11)
+    data = rng.integers(0, 4000, size=(1100, 1000, 2, 2), dtype=np.uint16)
+    npy = tmp_path / "wide.npy"
+    np.save(npy, data)
+    run("qem", "convert", npy, src / "wide.qem")
+    npy.unlink()
+    small = mount(src, "--cache-size", 1, "--gpu", "off")
+    large = mount(src, "--cache-size", 1024, "--gpu", "off")
+    png = "wide.qem/virtual/sum.png"
+    want = (large / png).read_bytes()
+    assert len(want) > 1 << 20 and want[:8] == b"\x89PNG\r\n\x1a\n"
+    for _ in range(2):
+        assert (small / png).read_bytes() == want
+    # Range reads in the middle and at the end, as a seeking reader makes.
+    with open(small / png, "rb") as f:
+        f.seek(700_000)
+        assert f.read(4096) == want[700_000:704_096]
+        f.seek(len(want) - 10)
+        assert f.read() == want[-10:]
+    got = np.load(small / "wide.qem" / "virtual" / "sum.npy")
+    assert np.array_equal(got, data.sum(axis=(2, 3), dtype=np.uint64))
+    peak = daemon_peak_mib(small)
+    assert peak <= 1 + MARGIN_MIB, f"daemon peak {peak:.0f} MiB, budget 1 MiB"
