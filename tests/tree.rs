@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use qemfs::npy;
-use qemfs::tree::content::read_all;
+use qemfs::tree::content::{read_all, read_in_pieces};
 use qemfs::tree::{Node, Tree, TreeOptions};
 use serde_json::Value;
 
@@ -76,15 +76,7 @@ fn check_all(tree: &Tree, path: &str, files: &mut usize) {
         let bytes = read(tree, &child);
         assert_eq!(bytes.len() as u64, attr.size, "{child}");
         if let Node::File(f, _) = tree.resolve(&child).unwrap() {
-            let mut pieces = Vec::new();
-            let mut buf = [0u8; 777];
-            loop {
-                let n = f.read_at(pieces.len() as u64, &mut buf).unwrap();
-                if n == 0 {
-                    break;
-                }
-                pieces.extend_from_slice(&buf[..n]);
-            }
+            let pieces = read_in_pieces(f.as_ref(), 777).unwrap();
             assert_eq!(pieces, bytes, "{child} read in pieces");
         }
         if name.ends_with(".npy") {

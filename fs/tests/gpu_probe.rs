@@ -7,7 +7,7 @@ mod common;
 
 use std::fs;
 
-use common::{can_mount, daemon_pid, fixtures, mount, text, unmount};
+use common::{can_mount, daemon_pid, fixtures, mount, source_and_mountpoint, text, unmount};
 
 #[test]
 fn without_a_gpu_device_the_daemon_maps_no_gpu_driver() {
@@ -15,9 +15,7 @@ fn without_a_gpu_device_the_daemon_maps_no_gpu_driver() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
-    fs::create_dir_all(&src).unwrap();
-    fs::create_dir_all(&mnt).unwrap();
+    let (src, mnt) = source_and_mountpoint(dir.path());
     let fixture = fixtures().join("qem/u16-allmodels-8x9.qem");
     fs::copy(&fixture, src.join("scan.qem")).unwrap();
     let out = mount(&src, &mnt, &[]);

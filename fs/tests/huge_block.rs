@@ -13,7 +13,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 use std::process::Command;
 
-use common::{alive, can_mount, daemon_pid, mount, run, text, unmount, UnmountOnDrop};
+use common::{
+    alive, can_mount, daemon_pid, mount, run, source_and_mountpoint, text, unmount, UnmountOnDrop,
+};
 use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec, Writer};
 
 const FRAMES: usize = 512;
@@ -122,9 +124,7 @@ fn a_block_of_4_gb_is_served_within_the_budget_under_a_2_gib_limit() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
-    fs::create_dir_all(&src).unwrap();
-    fs::create_dir_all(&mnt).unwrap();
+    let (src, mnt) = source_and_mountpoint(dir.path());
     let clock = std::time::Instant::now();
     write_file(&src.join("huge.qem"));
     eprintln!("written: {:?}", clock.elapsed());

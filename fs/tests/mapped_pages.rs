@@ -12,7 +12,9 @@ use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
-use common::{can_mount, daemon_pid, mount, qemfs, run, text, unmount, UnmountOnDrop};
+use common::{
+    can_mount, daemon_pid, mount, qemfs, run, source_and_mountpoint, text, unmount, UnmountOnDrop,
+};
 use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec, Writer};
 
 const SHAPE: [u64; 4] = [16, 32, 256, 256];
@@ -74,9 +76,7 @@ fn pages_of_a_source_read_whole_are_let_go() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (src, mnt) = (dir.path().join("src"), dir.path().join("mnt"));
-    fs::create_dir_all(&src).unwrap();
-    fs::create_dir_all(&mnt).unwrap();
+    let (src, mnt) = source_and_mountpoint(dir.path());
     // Counts of 12 random bits: about 1.5 bytes a value once compressed.
     let n = SHAPE.iter().product::<u64>() as usize;
     let mut x = 0x2545_f491_4f6c_dd1du64;

@@ -352,6 +352,20 @@ impl Content for Passthrough {
     }
 }
 
+/// Reads a whole content `piece` bytes at a time, as a reader asking range
+/// by range does (tests of contents made per read).
+pub fn read_in_pieces(content: &dyn Content, piece: usize) -> Result<Vec<u8>, TreeError> {
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; piece.max(1)];
+    loop {
+        let n = content.read_at(out.len() as u64, &mut buf)?;
+        if n == 0 {
+            return Ok(out);
+        }
+        out.extend_from_slice(&buf[..n]);
+    }
+}
+
 /// Reads a whole content (for `qem cat` and tests).
 pub fn read_all(content: &dyn Content) -> Result<Vec<u8>, TreeError> {
     let size = usize::try_from(content.size())
@@ -434,16 +448,8 @@ mod tests {
             Ok(v.clone())
         });
         // Reads of 64 bytes, as a reader asking piece by piece would.
-        let mut got = Vec::new();
+        assert_eq!(read_in_pieces(&huge, 64).unwrap(), value);
         let mut buf = [0u8; 64];
-        loop {
-            let n = huge.read_at(got.len() as u64, &mut buf).unwrap();
-            if n == 0 {
-                break;
-            }
-            got.extend_from_slice(&buf[..n]);
-        }
-        assert_eq!(got, value);
         assert_eq!(huge.read_at(990, &mut buf).unwrap(), 10);
         assert_eq!(&buf[..10], &value[990..]);
         assert!(

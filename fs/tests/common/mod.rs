@@ -8,6 +8,15 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// `DIR/src` and `DIR/mnt`, made: a mount test's source folder and
+/// mountpoint.
+pub fn source_and_mountpoint(dir: &Path) -> (PathBuf, PathBuf) {
+    let (src, mnt) = (dir.join("src"), dir.join("mnt"));
+    fs::create_dir_all(&src).unwrap();
+    fs::create_dir_all(&mnt).unwrap();
+    (src, mnt)
+}
+
 pub fn can_mount() -> bool {
     // SAFETY: geteuid cannot fail.
     let root = unsafe { libc::geteuid() } == 0;
