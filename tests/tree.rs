@@ -742,3 +742,68 @@ fn reads_lent_from_held_windows_match_copied_reads() {
         read(&tree, "float.qem/logical_sha256")
     );
 }
+
+/// The CPU backend, counting the runs of blocks it is asked to reduce.
+struct Counting {
+    calls: std::sync::atomic::AtomicUsize,
+}
+
+impl qemfs::reduce::Accelerator for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+
+    fn reduce(
+        &self,
+        file: &qemfs::qem::QemFile,
+        blocks: std::ops::Range<usize>,
+        request: &qemfs::reduce::Request,
+    ) -> Result<qemfs::reduce::Partial, qemfs::reduce::ReduceError> {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        qemfs::reduce::Cpu.reduce(file, blocks, request)
+    }
+}
+
+/// Under a budget smaller than any image, an image read piece by piece is
+/// computed once for its first piece, not again for every later piece, nor
+/// for its `.tiff` and `.png`; and every byte is the one a tree with room
+/// to spare serves.
+#[test]
+fn images_larger_than_the_budget_are_computed_once_for_all_their_files() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let counting = std::sync::Arc::new(Counting {
+        calls: Default::default(),
+    });
+    let mut small = TreeOptions::default();
+    small.cache_bytes = 64;
+    small.accelerator = counting.clone();
+    let tiny = Tree::new(examples(), &small);
+    let roomy = Tree::new(examples(), &TreeOptions::default());
+    // Files whose images are all made by the backend (counts can be
+    // summed from the spatial index without it).
+    for file in ["empad-f32.qem", "derived-scaled.qem"] {
+        for group in [
+            &["bf.npy", "bf.tiff", "bf.png"][..],
+            &["idpc.npy", "idpc.tiff", "idpc.png"],
+            &["com_col.tiff", "com_col.npy"],
+            &["disk-8-9-3.npy", "disk-8-9-3.png"],
+        ] {
+            let before = counting.calls.load(SeqCst);
+            let mut after_first_piece = None;
+            for name in group {
+                let path = format!("{file}/virtual/{name}");
+                let Node::File(f, _) = tiny.resolve(&path).unwrap() else {
+                    panic!("{path} is not a file")
+                };
+                // A piece past any header.
+                let mut buf = [0u8; 100];
+                f.read_at(f.size() / 2, &mut buf).unwrap();
+                let first = *after_first_piece.get_or_insert(counting.calls.load(SeqCst));
+                assert!(first > before, "{path}: computed by the backend");
+                let bytes = read_in_pieces(f.as_ref(), 100).unwrap();
+                assert_eq!(bytes, read(&roomy, &path), "{path}");
+                assert_eq!(counting.calls.load(SeqCst), first, "{path}: computed again");
+            }
+        }
+    }
+}

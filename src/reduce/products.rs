@@ -58,6 +58,15 @@ impl Image {
         }
     }
 
+    /// The element type of the values.
+    pub fn kind(&self) -> ImageKind {
+        match self {
+            Image::U64(_) => ImageKind::U64,
+            Image::F64(_) => ImageKind::F64,
+            Image::F32(_) => ImageKind::F32,
+        }
+    }
+
     /// Every value in binary64.
     pub fn to_f64(&self) -> Vec<f64> {
         (0..self.len()).filter_map(|i| self.get(i)).collect()

@@ -4,7 +4,9 @@
 //! geometry used.
 //!
 //! Sizes come from the header; values are computed on first read through
-//! [`crate::reduce`] and kept (they are small). The four default images
+//! [`crate::reduce`] and kept in the budget (or spilled, see
+//! `ImageValues`), once per image for its `.npy`, `.tiff` and `.png`, and
+//! read by range from there. The four default images
 //! are computed together, as are the products that need every pixel
 //! (centre of mass, mean and maximum pattern), and from them the DPC
 //! magnitude and angle and the radial profile of the mean pattern.
@@ -20,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use lru::LruCache;
 
 use super::budget::{Budget, CacheKey, Charged};
-use super::content::{copy_range, Lazy, Windowed};
+use super::content::{copy_range, read_all, Content, Held, Lazy, Windowed};
 use super::qem_view::QemView;
 use super::{Directory, Entry, TreeError};
 use crate::export::png;
@@ -120,7 +122,6 @@ struct Products {
     /// `bf`, `abf`, `adf`, `haadf`.
     images: Shared<[Image; 4]>,
     full: Shared<Full>,
-    sums: Shared<Image>,
 }
 
 impl Products {
@@ -179,28 +180,26 @@ impl Products {
     /// spatial sums, exact, and no stream is decoded. Float32 and scaled
     /// files: a whole-detector virtual image (decoded; compensated float32,
     /// background subtracted, or exact codes calibrated once in float64).
-    fn sums(&self) -> Result<Arc<Image>, TreeError> {
-        self.sums.get(|| {
-            self.guarded(|| {
-                let file = self.view.file();
-                if file.codec() != Codec::Integer {
-                    let all = PixelSet::new((0..file.pixels() as u32).collect());
-                    let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
-                    return images
-                        .pop()
-                        .ok_or_else(|| TreeError::Internal("one image expected".into()));
-                }
-                let [_, _, r, c] = file.shape();
-                let (gr, gc) = Tile::Px32.grid(r, c);
-                let sums = file
-                    .spatial_sums_checked(Tile::Px32, 0..file.frames(), self.options.verify_index)
-                    .map_err(|e| self.fail(e))?;
-                Ok(Image::U64(
-                    sums.chunks((gr * gc).max(1))
-                        .map(|t| t.iter().map(|&v| u64::from(v)).sum())
-                        .collect(),
-                ))
-            })
+    fn sums(&self) -> Result<Image, TreeError> {
+        self.guarded(|| {
+            let file = self.view.file();
+            if file.codec() != Codec::Integer {
+                let all = PixelSet::new((0..file.pixels() as u32).collect());
+                let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
+                return images
+                    .pop()
+                    .ok_or_else(|| TreeError::Internal("one image expected".into()));
+            }
+            let [_, _, r, c] = file.shape();
+            let (gr, gc) = Tile::Px32.grid(r, c);
+            let sums = file
+                .spatial_sums_checked(Tile::Px32, 0..file.frames(), self.options.verify_index)
+                .map_err(|e| self.fail(e))?;
+            Ok(Image::U64(
+                sums.chunks((gr * gc).max(1))
+                    .map(|t| t.iter().map(|&v| u64::from(v)).sum())
+                    .collect(),
+            ))
         })
     }
 
@@ -297,109 +296,151 @@ fn npy_dtype(kind: ImageKind) -> DType {
     }
 }
 
-/// `values` checked against what was announced: an image of another kind
-/// or size is an internal error, not a wrong-sized file.
-fn announced(
+/// An image's values as the little-endian bytes of its kind (an `.npy`
+/// body), computed once for its `.npy`, `.tiff` and `.png` together: held
+/// in the budget, or spilled when larger than the whole budget ([`Lazy`]),
+/// and read by range from there, so a reader asking piece by piece never
+/// makes the image again.
+struct ImageValues {
     kind: ImageKind,
-    shape: [usize; 2],
-    values: &dyn Fn() -> Result<Arc<Image>, TreeError>,
-) -> Result<Arc<Image>, TreeError> {
-    let image = values()?;
-    let got = match *image {
-        Image::U64(_) => ImageKind::U64,
-        Image::F64(_) => ImageKind::F64,
-        Image::F32(_) => ImageKind::F32,
-    };
-    if got != kind || image.len() != shape[0] * shape[1] {
-        return Err(TreeError::Internal(format!(
-            "an image of {got:?} × {} where {kind:?} × {} was announced",
-            image.len(),
-            shape[0] * shape[1]
-        )));
-    }
-    Ok(image)
+    len: usize,
+    bytes: Lazy,
 }
 
-/// Little-endian bytes of values `range` of `image`.
-fn le_bytes(image: &Image, range: std::ops::Range<usize>) -> Vec<u8> {
-    match image {
-        Image::U64(v) => v[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Image::F64(v) => v[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
-        Image::F32(v) => v[range].iter().flat_map(|x| x.to_le_bytes()).collect(),
-    }
-}
-
-/// Float32 bytes of values `range` of `image` (what a preview shows).
-fn f32_le_bytes(image: &Image, range: std::ops::Range<usize>) -> Vec<u8> {
-    range
-        .flat_map(|i| (image.get(i).unwrap_or(0.0) as f32).to_le_bytes())
-        .collect()
-}
-
-/// Bytes `[at, at + buf.len())` of the values of `image`, `element` bytes
-/// each, as `encode` writes a range of them; past the values, zeros.
-fn fill_values(
-    image: &Image,
-    element: usize,
-    at: u64,
-    buf: &mut [u8],
-    encode: fn(&Image, std::ops::Range<usize>) -> Vec<u8>,
-) -> usize {
-    let first = (at / element as u64) as usize;
-    let end = (at + buf.len() as u64).div_ceil(element as u64) as usize;
-    let (first, end) = (first.min(image.len()), end.min(image.len()));
-    let bytes = encode(image, first..end);
-    let done = copy_range(&bytes, at - (first * element) as u64, buf);
-    // The padding of a TIFF page.
-    buf[done..].fill(0);
-    buf.len()
-}
-
-/// The `.npy` of an image whose kind is known before it is computed, made
-/// per read from the image held in the budget (never a second copy).
-fn image_npy(
-    kind: ImageKind,
-    shape: [usize; 2],
-    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
-) -> Entry {
-    let dtype = npy_dtype(kind);
-    let header = npy::encode_header(dtype, &shape);
-    let h = header.len() as u64;
-    let size = h + (dtype.size() * shape[0] * shape[1]) as u64;
-    Entry::File(Arc::new(Windowed::new(
-        size,
-        move |offset, buf: &mut [u8]| {
-            let mut done = 0;
-            if offset < h {
-                done = copy_range(&header, offset, buf);
+impl ImageValues {
+    /// The values `make` computes, announced as `kind` × `shape`.
+    fn new(
+        view: &QemView,
+        kind: ImageKind,
+        shape: [usize; 2],
+        make: impl Fn() -> Result<Image, TreeError> + Send + Sync + 'static,
+    ) -> Arc<Self> {
+        let len = shape[0] * shape[1];
+        let (budget, id) = view.budget();
+        let size = (len * npy_dtype(kind).size()) as u64;
+        let bytes = Lazy::new(budget, id, size, move || {
+            let image = make()?;
+            // Another kind of the same byte size would be read wrongly.
+            if image.kind() != kind || image.len() != len {
+                return Err(TreeError::Internal(format!(
+                    "an image of {:?} × {} where {kind:?} × {len} was announced",
+                    image.kind(),
+                    image.len()
+                )));
             }
-            if done < buf.len() {
-                let image = announced(kind, shape, &values)?;
-                let at = offset + done as u64 - h;
-                fill_values(&image, dtype.size(), at, &mut buf[done..], le_bytes);
+            Ok(image.le_bytes())
+        });
+        Arc::new(ImageValues { kind, len, bytes })
+    }
+
+    fn element(&self) -> usize {
+        npy_dtype(self.kind).size()
+    }
+
+    /// Fills `buf` with the value bytes from byte `at`.
+    fn read_exact(&self, at: u64, buf: &mut [u8]) -> Result<(), TreeError> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.bytes.read_at(at + done as u64, &mut buf[done..])?;
+            if n == 0 {
+                return Err(TreeError::Internal(
+                    "an image shorter than announced".into(),
+                ));
             }
-            Ok(())
-        },
-    )))
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// The value whose bytes (one element of this image's kind) are `bytes`.
+    fn value(&self, bytes: &[u8]) -> f64 {
+        match self.kind {
+            ImageKind::U64 => u64::from_le_bytes(bytes.try_into().expect("8 bytes")) as f64,
+            ImageKind::F64 => f64::from_le_bytes(bytes.try_into().expect("8 bytes")),
+            ImageKind::F32 => f64::from(f32::from_le_bytes(bytes.try_into().expect("4 bytes"))),
+        }
+    }
+
+    /// Bytes `[at, at + buf.len())` of the values as float32 (a TIFF's
+    /// pixels); past the values (a TIFF page's padding), zeros.
+    fn read_f32(&self, at: u64, buf: &mut [u8]) -> Result<(), TreeError> {
+        let first = ((at / 4) as usize).min(self.len);
+        let end = ((at + buf.len() as u64).div_ceil(4) as usize).min(self.len);
+        let e = self.element();
+        let mut native = vec![0u8; (end - first) * e];
+        self.read_exact((first * e) as u64, &mut native)?;
+        let floats: Vec<u8> = native
+            .chunks_exact(e)
+            .flat_map(|v| (self.value(v) as f32).to_le_bytes())
+            .collect();
+        let done = copy_range(&floats, at - (first * 4) as u64, buf);
+        buf[done..].fill(0);
+        Ok(())
+    }
+
+    /// Every value as float32, for an 8-bit preview.
+    fn preview(&self) -> Result<Vec<f32>, TreeError> {
+        let bytes = read_all(&self.bytes)?;
+        Ok(bytes
+            .chunks_exact(self.element())
+            .map(|v| self.value(v) as f32)
+            .collect())
+    }
+}
+
+/// The `.npy` of an image: its header, then its values read by range (lent
+/// from the budget where they are held there).
+struct ImageNpy {
+    header: Vec<u8>,
+    values: Arc<ImageValues>,
+}
+
+impl ImageNpy {
+    fn entry(shape: [usize; 2], values: Arc<ImageValues>) -> Entry {
+        let header = npy::encode_header(npy_dtype(values.kind), &shape);
+        Entry::File(Arc::new(ImageNpy { header, values }))
+    }
+}
+
+impl Content for ImageNpy {
+    fn size(&self) -> u64 {
+        (self.header.len() + self.values.len * self.values.element()) as u64
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
+        let size = self.size();
+        if offset >= size {
+            return Ok(0);
+        }
+        let n = buf.len().min((size - offset) as usize);
+        let h = self.header.len() as u64;
+        let mut done = 0;
+        if offset < h {
+            done = copy_range(&self.header, offset, &mut buf[..n]);
+        }
+        let at = offset + done as u64 - h;
+        self.values.read_exact(at, &mut buf[done..n])?;
+        Ok(n)
+    }
+
+    fn held_at(&self, offset: u64, len: usize) -> Result<Option<Held>, TreeError> {
+        match offset.checked_sub(self.header.len() as u64) {
+            Some(at) => self.values.bytes.held_at(at, len),
+            None => Ok(None),
+        }
+    }
 }
 
 /// A float32 TIFF that carries the image's sampling (scan step or detector
-/// sampling), so Fiji and hyperspy show it to scale; made per read from
-/// the image held in the budget.
-fn tiff_file(
-    kind: ImageKind,
-    shape: [usize; 2],
-    sampling: &Sampling,
-    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + 'static,
-) -> Option<Entry> {
+/// sampling), so Fiji and hyperspy show it to scale.
+fn tiff_file(shape: [usize; 2], sampling: &Sampling, values: Arc<ImageValues>) -> Option<Entry> {
     // A 2-D image always fits (axes are below 2^24).
     let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling)?;
     Some(Entry::File(Arc::new(Windowed::new(
         layout.total_len(),
         move |offset, buf: &mut [u8]| {
             let n = layout.read_at(offset, buf, |at, out| {
-                let image = announced(kind, shape, &values)?;
-                Ok::<_, TreeError>(fill_values(&image, 4, at, out, f32_le_bytes))
+                values.read_f32(at, out).map(|()| out.len())
             })?;
             if n != buf.len() {
                 return Err(TreeError::Internal("a TIFF shorter than announced".into()));
@@ -411,7 +452,7 @@ fn tiff_file(
 
 /// An image as `NAME.npy` (in its kind's dtype), `NAME.tiff` (float32, with the
 /// sampling, for Fiji and hyperspy; the exact values are the .npy's) and
-/// `NAME.png`.
+/// `NAME.png`, all three from one computation of `make`.
 fn image_pair(
     view: &QemView,
     entries: &mut BTreeMap<String, Entry>,
@@ -419,36 +460,38 @@ fn image_pair(
     shape: [usize; 2],
     kind: ImageKind,
     sampling: &Sampling,
-    values: impl Fn() -> Result<Arc<Image>, TreeError> + Send + Sync + Clone + 'static,
+    make: impl Fn() -> Result<Image, TreeError> + Send + Sync + 'static,
 ) {
-    let v = values.clone();
-    entries.insert(format!("{name}.npy"), image_npy(kind, shape, v));
-    if let Some(tiff) = tiff_file(kind, shape, sampling, values.clone()) {
+    let values = ImageValues::new(view, kind, shape, make);
+    entries.insert(
+        format!("{name}.npy"),
+        ImageNpy::entry(shape, Arc::clone(&values)),
+    );
+    if let Some(tiff) = tiff_file(shape, sampling, Arc::clone(&values)) {
         entries.insert(format!("{name}.tiff"), tiff);
     }
-    entries.insert(
-        format!("{name}.png"),
-        png_file(view, shape, move || Ok(preview_values(&*values()?))),
-    );
+    entries.insert(format!("{name}.png"), preview_png(view, shape, values));
 }
 
-/// An image's values for an 8-bit preview or a float32 TIFF.
-fn preview_values(image: &Image) -> Vec<f32> {
-    image.to_f64().into_iter().map(|v| v as f32).collect()
+/// The 8-bit preview of an image.
+fn preview_png(view: &QemView, shape: [usize; 2], values: Arc<ImageValues>) -> Entry {
+    png_file(view, shape, move || values.preview())
 }
 
 /// The `virtual/` directory.
 pub(super) struct VirtualDir {
     products: Arc<Products>,
     fixed: BTreeMap<String, Entry>,
-    /// Custom detectors looked up recently (so repeated reads reuse them).
+    /// Files of products looked up recently (so repeated reads reuse them).
     custom: Mutex<LruCache<String, Entry>>,
+    /// Their values, by product (a `.npy` and its `.png` share them).
+    values: Mutex<LruCache<String, Arc<ImageValues>>>,
     /// Masked centres of mass (row and column) by disk.
     coms: Mutex<LruCache<String, Arc<Shared<[Image; 2]>>>>,
 }
 
-/// How a looked-up product computes its image (once, then kept).
-type ImageSource = Box<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync>;
+/// How a looked-up product computes its image.
+type ImageSource = Box<dyn Fn() -> Result<Image, TreeError> + Send + Sync>;
 
 /// The virtual image of one mask.
 fn one_image(p: &Products, set: PixelSet) -> Result<Image, TreeError> {
@@ -474,7 +517,6 @@ pub(super) fn directory(
         geometry: Shared::new(&view),
         images: Shared::new(&view),
         full: Shared::new(&view),
-        sums: Shared::new(&view),
         view,
         accelerator,
         options,
@@ -511,7 +553,7 @@ pub(super) fn directory(
             scan,
             sum_kind,
             &scan_sampling,
-            move || Ok(Arc::new(q.images()?[k].clone())),
+            move || Ok(q.images()?[k].clone()),
         );
     }
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
@@ -523,7 +565,7 @@ pub(super) fn directory(
             scan,
             mean_kind,
             &scan_sampling,
-            move || Ok(Arc::new(mean_subtracted(&q.full()?.com[k]))),
+            move || Ok(mean_subtracted(&q.full()?.com[k])),
         );
     }
     // DPC: the mean-subtracted centre of mass as a vector (column, row).
@@ -543,10 +585,10 @@ pub(super) fn directory(
                 let full = q.full()?;
                 let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
                 let v = row.iter().zip(&col).map(|(&r, &c)| f(r, c));
-                Ok(Arc::new(match mean_kind {
+                Ok(match mean_kind {
                     ImageKind::F32 => Image::F32(v.map(|x| x as f32).collect()),
                     _ => Image::F64(v.collect()),
-                }))
+                })
             },
         );
     }
@@ -563,10 +605,10 @@ pub(super) fn directory(
             let full = q.full()?;
             let [row, col] = [0, 1].map(|k| mean_subtracted(&full.com[k]).to_f64());
             let field = idpc::integrate(&row, &col, scan);
-            Ok(Arc::new(match mean_kind {
+            Ok(match mean_kind {
                 ImageKind::F32 => Image::F32(field.iter().map(|&x| x as f32).collect()),
                 _ => Image::F64(field),
-            }))
+            })
         },
     );
     let q = Arc::clone(&p);
@@ -588,7 +630,7 @@ pub(super) fn directory(
         detector,
         mean_kind,
         &detector_sampling,
-        move || Ok(Arc::new(q.full()?.mean_dp.clone())),
+        move || Ok(q.full()?.mean_dp.clone()),
     );
     let max_dtype = match (codec, decoded) {
         (Codec::Integer, Dtype::U8) => DType::U8,
@@ -621,6 +663,7 @@ pub(super) fn directory(
         products: p,
         fixed: entries,
         custom: Mutex::new(LruCache::new(NonZeroUsize::new(64).expect("nonzero"))),
+        values: Mutex::new(LruCache::new(NonZeroUsize::new(64).expect("nonzero"))),
         coms: Mutex::new(LruCache::new(NonZeroUsize::new(16).expect("nonzero"))),
     })
 }
@@ -697,47 +740,31 @@ fn custom_detector(stem: &str) -> Option<([f64; 2], Shape)> {
 }
 
 impl VirtualDir {
-    fn custom_entry(&self, name: &str) -> Option<Entry> {
-        let (stem, preview) = match (name.strip_suffix(".npy"), name.strip_suffix(".png")) {
-            (Some(stem), _) => (stem, false),
-            (_, Some(stem)) => (stem, true),
-            _ => return None,
-        };
-        let product = custom_product(stem)?;
-        let mut cache = self.custom.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(entry) = cache.get(name) {
-            return Some(entry.clone());
+    /// The values of a product named on lookup, shared by its `.npy` and
+    /// `.png`; `None` for a pixel outside the detector.
+    fn custom_values(&self, stem: &str, product: Custom) -> Option<Arc<ImageValues>> {
+        let mut cache = self.values.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(values) = cache.get(stem) {
+            return Some(Arc::clone(values));
         }
         let p = Arc::clone(&self.products);
-        let view = Arc::clone(&p.view);
         let [sr, sc, r, c] = p.view.file().shape();
         let [sum_kind, mean_kind] = image_kinds(p.view.file().codec());
-        let image = Arc::new(Shared::<Image>::new(&p.view));
-        let (kind, values): (ImageKind, ImageSource) = match product {
+        let (kind, make): (ImageKind, ImageSource) = match product {
             Custom::Detector(center, shape) => (
                 sum_kind,
                 Box::new(move || {
-                    image.get(|| {
-                        p.guarded(|| {
-                            let set = mask_with([r, c], center, shape, p.options.edges);
-                            one_image(&p, set)
-                        })
-                    })
+                    p.guarded(|| one_image(&p, mask_with([r, c], center, shape, p.options.edges)))
                 }),
             ),
             Custom::Point(row, column) => {
                 if row >= r || column >= c {
                     return None;
                 }
+                let pixel = PixelSet::new(vec![(row * c + column) as u32]);
                 (
                     sum_kind,
-                    Box::new(move || {
-                        image.get(|| {
-                            p.guarded(|| {
-                                one_image(&p, PixelSet::new(vec![(row * c + column) as u32]))
-                            })
-                        })
-                    }),
+                    Box::new(move || p.guarded(|| one_image(&p, pixel.clone()))),
                 )
             }
             Custom::Com {
@@ -758,26 +785,39 @@ impl VirtualDir {
                     Box::new(move || {
                         let both = pair.get(|| {
                             p.guarded(|| {
-                                let set = mask_with(
-                                    [r, c],
-                                    center,
-                                    Shape::Disk { radius },
-                                    p.options.edges,
-                                );
+                                let disk = Shape::Disk { radius };
+                                let set = mask_with([r, c], center, disk, p.options.edges);
                                 p.reducer()?.masked_com(&set, center).map_err(|e| p.fail(e))
                             })
                         })?;
-                        Ok(Arc::new(both[axis].clone()))
+                        Ok(both[axis].clone())
                     }),
                 )
             }
         };
-        let values: Arc<dyn Fn() -> Result<Arc<Image>, TreeError> + Send + Sync> =
-            Arc::from(values);
+        let values = ImageValues::new(&self.products.view, kind, [sr, sc], make);
+        cache.put(stem.to_string(), Arc::clone(&values));
+        Some(values)
+    }
+
+    fn custom_entry(&self, name: &str) -> Option<Entry> {
+        let (stem, preview) = match (name.strip_suffix(".npy"), name.strip_suffix(".png")) {
+            (Some(stem), _) => (stem, false),
+            (_, Some(stem)) => (stem, true),
+            _ => return None,
+        };
+        let product = custom_product(stem)?;
+        let mut cache = self.custom.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(entry) = cache.get(name) {
+            return Some(entry.clone());
+        }
+        let values = self.custom_values(stem, product)?;
+        let view = &self.products.view;
+        let [sr, sc, ..] = view.file().shape();
         let entry = if preview {
-            png_file(&view, [sr, sc], move || Ok(preview_values(&*values()?)))
+            preview_png(view, [sr, sc], values)
         } else {
-            image_npy(kind, [sr, sc], move || values())
+            ImageNpy::entry([sr, sc], values)
         };
         cache.put(name.to_string(), entry.clone());
         Some(entry)
