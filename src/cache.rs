@@ -15,7 +15,8 @@ use lru::LruCache;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
 
 /// A value's size in bytes as far as the budget is concerned.
 pub trait Weighted {
@@ -65,6 +66,8 @@ pub struct CacheStats {
 pub struct BlockCache<K: Hash + Eq, V: ?Sized, E> {
     budget: usize,
     state: Mutex<State<K, V, E>>,
+    /// Signalled when a reservation is given back.
+    room: Condvar,
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
@@ -87,6 +90,7 @@ where
                 reserved: 0,
                 loading: HashMap::new(),
             }),
+            room: Condvar::new(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
@@ -149,10 +153,31 @@ where
     /// `share` of the budget (in 1/1024ths): then nothing is reserved and
     /// `false` returned. Give it back with [`BlockCache::unreserve`].
     pub fn reserve(&self, bytes: usize, share: usize) -> bool {
-        let mut state = self.lock();
+        self.reserve_within(bytes, share, Duration::ZERO)
+    }
+
+    /// As [`reserve`](Self::reserve), but where only the other loads'
+    /// reservations stand in the way, waits up to `patience` for them to
+    /// be given back: two loads whose working memory together exceeds the
+    /// budget then run one after the other instead of side by side beside
+    /// a full cache. A load that cannot fit even alone is refused at once.
+    pub fn reserve_within(&self, bytes: usize, share: usize, patience: Duration) -> bool {
         let limit = self.budget / 1024 * share.min(1024);
-        if state.reserved.saturating_add(bytes) > limit {
+        if bytes > limit {
             return false;
+        }
+        let deadline = Instant::now() + patience;
+        let mut state = self.lock();
+        while state.reserved + bytes > limit {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            state = self
+                .room
+                .wait_timeout(state, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         state.reserved += bytes;
         let evicted = self.evict_locked(&mut state);
@@ -165,6 +190,8 @@ where
     pub fn unreserve(&self, bytes: usize) {
         let mut state = self.lock();
         state.reserved = state.reserved.saturating_sub(bytes);
+        drop(state);
+        self.room.notify_all();
     }
 
     /// Whether a value of `weight` can be held at all: one larger than the
@@ -389,6 +416,27 @@ mod tests {
         assert!(!cache.reserve(200, 512), "beyond the share: refused");
         cache.unreserve(400);
         assert_eq!(cache.stats().reserved, 0);
+    }
+
+    /// A reservation that only others' reservations stand in the way of
+    /// waits for them to be given back; one that cannot fit alone, or
+    /// whose wait runs out, is refused.
+    #[test]
+    fn a_reservation_waits_for_room_others_give_back() {
+        let cache = Arc::new(Cache::new(1024));
+        assert!(cache.reserve(700, 1024));
+        assert!(!cache.reserve_within(2048, 1024, Duration::from_secs(60)));
+        let began = std::time::Instant::now();
+        assert!(!cache.reserve_within(700, 1024, Duration::from_millis(50)));
+        assert!(began.elapsed() >= Duration::from_millis(50));
+        let c = Arc::clone(&cache);
+        let giver = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(100));
+            c.unreserve(700);
+        });
+        assert!(cache.reserve_within(700, 1024, Duration::from_secs(60)));
+        giver.join().unwrap();
+        assert_eq!(cache.stats().reserved, 700);
     }
 
     #[test]

@@ -19,6 +19,15 @@ use crate::cache::{BlockCache, CacheStats, Weighted};
 
 use super::{BlockKey, TreeError};
 
+/// How long a decode waits for others' reservations to make room for its
+/// own: about a window's decode (64 MiB at a few hundred MB/s), so that a
+/// reader waits for the prefetcher's window rather than decoding beside it
+/// with the budget full (the 4 GB block of `fs/tests/huge_block.rs` rose
+/// to 386-552 MiB under a 256 MiB budget so; 302-315 with the wait, and
+/// its sequential read 5-10 % slower); bounded, since the decodes waited
+/// for may themselves be waiting.
+pub const DECODE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// A value the budget can hold: what it costs in bytes.
 pub trait Charged: Any + Send + Sync {
     fn charge(&self) -> usize;
@@ -152,12 +161,18 @@ impl Budget {
     }
 
     /// As [`reserve`](Self::reserve), given back when the guard is
-    /// dropped; `None` (nothing set aside) when `share` cannot hold it.
+    /// dropped, for a decode about to start: where other decodes' bytes
+    /// stand in the way it waits up to [`DECODE_PATIENCE`] for them (see
+    /// [`BlockCache::reserve_within`]); `None` (nothing set aside) when
+    /// `share` still cannot hold it, and the decode runs unreserved (a
+    /// reader is always answered).
     pub fn reserve_while(&self, bytes: usize, share: usize) -> Option<Reservation<'_>> {
-        self.reserve(bytes, share).then_some(Reservation {
-            budget: self,
-            bytes,
-        })
+        self.cache
+            .reserve_within(bytes, share, DECODE_PATIENCE)
+            .then_some(Reservation {
+                budget: self,
+                bytes,
+            })
     }
 
     /// Waits for the load of `key` under way, if any (see
