@@ -795,6 +795,12 @@ fn images_larger_than_the_budget_are_computed_once_for_all_their_files() {
                 let Node::File(f, _) = tiny.resolve(&path).unwrap() else {
                     panic!("{path} is not a file")
                 };
+                // A piece that ends inside the header (or, for a `.png`
+                // after its image, its signature) computes nothing.
+                let calls = counting.calls.load(SeqCst);
+                let mut head = [0u8; 10];
+                assert_eq!(f.read_at(0, &mut head).unwrap(), 10);
+                assert_eq!(counting.calls.load(SeqCst), calls, "{path}: header");
                 // A piece past any header.
                 let mut buf = [0u8; 100];
                 f.read_at(f.size() / 2, &mut buf).unwrap();
@@ -802,6 +808,7 @@ fn images_larger_than_the_budget_are_computed_once_for_all_their_files() {
                 assert!(first > before, "{path}: computed by the backend");
                 let bytes = read_in_pieces(f.as_ref(), 100).unwrap();
                 assert_eq!(bytes, read(&roomy, &path), "{path}");
+                assert_eq!(head, bytes[..10], "{path}");
                 assert_eq!(counting.calls.load(SeqCst), first, "{path}: computed again");
             }
         }

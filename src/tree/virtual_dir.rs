@@ -418,8 +418,10 @@ impl Content for ImageNpy {
         if offset < h {
             done = copy_range(&self.header, offset, &mut buf[..n]);
         }
-        let at = offset + done as u64 - h;
-        self.values.read_exact(at, &mut buf[done..n])?;
+        if done < n {
+            let at = offset + done as u64 - h;
+            self.values.read_exact(at, &mut buf[done..n])?;
+        }
         Ok(n)
     }
 
