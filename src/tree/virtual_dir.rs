@@ -77,17 +77,7 @@ impl<T: Charged> Shared<T> {
 }
 
 fn image_bytes(image: &Image) -> usize {
-    let element = match image {
-        Image::U64(_) | Image::F64(_) => 8,
-        Image::F32(_) => 4,
-    };
-    image.len() * element
-}
-
-impl Charged for Image {
-    fn charge(&self) -> usize {
-        image_bytes(self)
-    }
+    image.len() * npy_dtype(image.kind()).size()
 }
 
 impl<const N: usize> Charged for [Image; N] {
