@@ -231,6 +231,57 @@ proptest! {
     }
 }
 
+/// The packed index words of chunk 0 (array 3): body offset and bytes.
+fn index_words(bytes: &[u8]) -> (usize, usize) {
+    let start = body_start(bytes);
+    let h: serde_json::Value = serde_json::from_slice(&bytes[56..start]).unwrap();
+    let count = h["chunks"][0]["arrays"][3]["count"].as_u64().unwrap() as usize;
+    (start + array_offset(bytes, 3), 4 * count)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// A forged index (two flipped bits: two disagreements, in any fields
+    /// and frames) is named the same by a whole-block check and by a
+    /// cursor reading one frame at a time; the cursor remembers it as soon
+    /// as it reads the frame named, so that no index product is served
+    /// from the block after that, however many frames remain.
+    #[test]
+    fn a_cursor_names_and_remembers_the_whole_blocks_first_disagreement_at_once(
+        which in 0..2usize,
+        bits in proptest::collection::vec(any::<u32>(), 2),
+    ) {
+        let name = ["u16-invalid-mask-33x40", "u8-mixed-13x7"][which];
+        let original = fixture(name);
+        let (at, len) = index_words(&original);
+        let mut bytes = original.clone();
+        for b in &bits {
+            let bit = *b as usize % (8 * len);
+            bytes[at + bit / 8] ^= 1 << (bit % 8);
+        }
+        let bytes = refresh_checksums(bytes, &original);
+        let whole = QemFile::from_bytes(bytes.clone()).unwrap().validate(ValidationLevel::Full);
+        // Flips of unused bits, or two flips of the same bit, forge nothing.
+        let Err(whole @ QemError::SpatialIndex { frame, .. }) = whole else {
+            return Err(TestCaseError::reject("no disagreement"));
+        };
+        let f = QemFile::from_bytes(bytes).unwrap();
+        let mut cursor = f.block_cursor(0).unwrap();
+        let mut out = vec![0u8; f.frame_bytes()];
+        while cursor.next_frame() <= frame {
+            prop_assert!(f.block_index_verdict(0).is_none(), "known before frame {frame} was read");
+            prop_assert!(f.spatial_sums(Tile::Px8, 0..1).is_ok());
+            cursor.read(&f, 1, &mut out).unwrap();
+        }
+        match f.block_index_verdict(0) {
+            Some(Err(e)) => prop_assert_eq!(e.to_string(), whole.to_string()),
+            other => prop_assert!(false, "after frame {frame}: {other:?}"),
+        }
+        prop_assert!(f.spatial_sums(Tile::Px8, 0..1).is_err());
+    }
+}
+
 #[test]
 fn a_file_changed_during_validation_is_reported_as_changed() {
     use qemfs::qem::write::{

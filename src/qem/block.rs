@@ -130,9 +130,12 @@ const SKIP_STEP: usize = 32;
 
 /// A block being decoded window by window: each part's lane states and
 /// byte positions where the last window ended, and the spatial index
-/// compared window by window (its verdict is remembered when the last
-/// frame is reached). Made by [`QemFile::block_cursor`]; every call is
-/// handed the file the cursor was made from.
+/// compared window by window. Its verdict is remembered as soon as it is
+/// known: at the first window that disagrees (windows come in frame order,
+/// and the error named is the earliest frame's, so no later window can
+/// change it), else when the last frame is reached. Made by
+/// [`QemFile::block_cursor`]; every call is handed the file the cursor was
+/// made from.
 pub struct BlockCursor {
     info: BlockInfo,
     /// Detector rows of each part (whole 8-row bands).
@@ -140,15 +143,11 @@ pub struct BlockCursor {
     /// Per part: its streams' cursor (`None` once served by the reference
     /// decoder).
     cursors: Vec<Option<Cursor>>,
-    /// Per part: its 8×8 tile summer, when the index is being checked.
+    /// Per part: its 8×8 tile summer, while the index is being checked
+    /// (dropped once its verdict is remembered).
     sums: Vec<Option<FrameSums>>,
     kernel: Kernel,
     next: usize,
-    /// The first disagreement with the index found so far, field-major:
-    /// `(field, block frame, stored, computed)`.
-    mismatch: Option<(usize, usize, u32, u32)>,
-    /// The index could not be read (its verdict).
-    index_error: Option<QemError>,
     /// The kernels refused streams that the reference decoder accepts:
     /// every later window comes from the reference decoder.
     reference: bool,
@@ -402,31 +401,30 @@ impl BlockCursor {
         }
         if self.sums.iter().any(Option::is_some) {
             let tiles: Vec<Vec<u32>> = decoded.into_iter().flatten().collect();
-            self.compare_index(file, &tiles, t_start, end);
+            let verdict = match self.compare_index(file, &tiles, t_start, end) {
+                Some(e) => Some(Err(e)),
+                None => (end == m).then_some(Ok(())),
+            };
+            if let Some(verdict) = verdict {
+                file.remember_index(&info, verdict);
+                self.sums.iter_mut().for_each(|s| *s = None);
+            }
         }
         self.next = end;
-        if end == m && self.sums.iter().any(Option::is_some) {
-            let verdict = match (self.index_error.take(), self.mismatch) {
-                (Some(e), _) => Err(e),
-                (None, Some((field, frame, stored, computed))) => Err(QemError::SpatialIndex {
-                    chunk: info.chunk,
-                    block: info.block_in_chunk,
-                    field,
-                    frame: info.first_frame + frame,
-                    stored: u64::from(stored),
-                    computed: u64::from(computed),
-                }),
-                (None, None) => Ok(()),
-            };
-            file.remember_index(&info, verdict);
-        }
         Ok(true)
     }
 
     /// Compares the index of frames `t0..t1` with the 8×8 tile sums of the
-    /// parts (frame-major per part), keeping the first disagreement in
-    /// field-major order.
-    fn compare_index(&mut self, file: &QemFile, tiles: &[Vec<u32>], t0: usize, t1: usize) {
+    /// parts (frame-major per part): the disagreement of the earliest
+    /// frame, at its lowest field (`spatial::first_disagreement`), or the
+    /// index's own fault.
+    fn compare_index(
+        &self,
+        file: &QemFile,
+        tiles: &[Vec<u32>],
+        t0: usize,
+        t1: usize,
+    ) -> Option<QemError> {
         let (n, fields) = (t1 - t0, file.spatial_fields());
         let [_, _, r, c] = file.shape();
         let g8c = c.div_ceil(8);
@@ -443,26 +441,18 @@ impl BlockCursor {
         }
         let arrays = match file.spatial_arrays(self.info.chunk) {
             Ok(a) => a,
-            Err(e) => {
-                self.index_error.get_or_insert(e);
-                return;
-            }
+            Err(e) => return Some(e),
         };
-        let mut stored = vec![0u32; n];
-        let known = self.mismatch.map_or(fields, |(f, ..)| f);
-        for t in 0..known.min(fields) {
-            file.block_field_frames(arrays, &self.info, t, t0, &mut stored);
-            let column = computed[t..].iter().step_by(fields);
-            if let Some((k, (s, c))) = stored
-                .iter()
-                .zip(column)
-                .enumerate()
-                .find(|(_, (s, c))| s != c)
-            {
-                self.mismatch = Some((t, t0 + k, *s, *c));
-                return;
-            }
-        }
+        spatial::first_disagreement(
+            0..fields,
+            n,
+            |t, out| file.block_field_frames(arrays, &self.info, t, t0, out),
+            |t, k| u64::from(computed[k * fields + t]),
+        )
+        .map(|(k, field, stored, computed)| {
+            self.info
+                .index_disagreement((t0 + k, field, stored, computed))
+        })
     }
 }
 
@@ -532,8 +522,6 @@ impl QemFile {
             sums: Vec::new(),
             kernel,
             next: 0,
-            mismatch: None,
-            index_error: None,
             reference: false,
         };
         if m == 0 || p == 0 {

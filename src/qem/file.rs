@@ -1016,17 +1016,13 @@ impl QemFile {
     pub(super) fn record_index(&self, info: &BlockInfo, computed: &[u64]) -> Result<()> {
         let verdict = self.block_spatial(info).and_then(|stored| {
             let m = info.frames;
-            match (0..stored.len()).find(|&i| u64::from(stored[i]) != computed[i]) {
-                Some(i) => Err(QemError::SpatialIndex {
-                    chunk: info.chunk,
-                    block: info.block_in_chunk,
-                    field: i / m,
-                    frame: info.first_frame + i % m,
-                    stored: u64::from(stored[i]),
-                    computed: computed[i],
-                }),
-                None => Ok(()),
-            }
+            let first = spatial::first_disagreement(
+                0..self.layout.fields,
+                m,
+                |t, out| out.copy_from_slice(&stored[t * m..(t + 1) * m]),
+                |t, k| computed[t * m + k],
+            );
+            first.map_or(Ok(()), |d| Err(info.index_disagreement(d)))
         });
         self.block_index[info.index].get_or_init(|| verdict).clone()
     }

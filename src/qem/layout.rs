@@ -72,6 +72,22 @@ impl BlockInfo {
         self.first_frame..self.first_frame + self.frames
     }
 
+    /// The error for a disagreement of this block's index with its counts
+    /// at block frame `frame`.
+    pub(crate) fn index_disagreement(
+        &self,
+        (frame, field, stored, computed): super::spatial::Disagreement,
+    ) -> QemError {
+        QemError::SpatialIndex {
+            chunk: self.chunk,
+            block: self.block_in_chunk,
+            field,
+            frame: self.first_frame + frame,
+            stored,
+            computed,
+        }
+    }
+
     /// Where global frame `frame` lies in this block's decoded bytes, for
     /// frames of `frame_bytes` bytes; `None` if the block does not hold it.
     pub fn frame_bytes_in_block(&self, frame: usize, frame_bytes: usize) -> Option<Range<usize>> {

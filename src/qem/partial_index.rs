@@ -12,10 +12,10 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use super::error::QemError;
 use super::file::QemFile;
 use super::header::Codec;
 use super::layout::BlockInfo;
+use super::spatial;
 
 /// Sums held by one check at most (4 bytes each): a block whose covered
 /// fields need more is left unchecked rather than costing more memory
@@ -160,23 +160,15 @@ impl IndexCheck<'_> {
             Err(e) => return file.remember_index(&info, Err(e)),
         };
         let covered = &self.coverage.covered;
-        let mut stored = vec![0u32; m];
-        for (s, &t) in covered.iter().enumerate() {
-            file.block_field(arrays, &info, t, &mut stored);
-            let sums = &self.sums[s * m..(s + 1) * m];
-            if let Some(k) = (0..m).find(|&k| stored[k] != sums[k].load(Ordering::Relaxed)) {
-                return file.remember_index(
-                    &info,
-                    Err(QemError::SpatialIndex {
-                        chunk: info.chunk,
-                        block: info.block_in_chunk,
-                        field: t,
-                        frame: info.first_frame + k,
-                        stored: u64::from(stored[k]),
-                        computed: u64::from(sums[k].load(Ordering::Relaxed)),
-                    }),
-                );
-            }
+        let slot = &self.coverage.slot;
+        let first = spatial::first_disagreement(
+            covered.iter().copied(),
+            m,
+            |t, out| file.block_field(arrays, &info, t, out),
+            |t, k| u64::from(self.sums[slot[t] as usize * m + k].load(Ordering::Relaxed)),
+        );
+        if let Some(d) = first {
+            return file.remember_index(&info, Err(info.index_disagreement(d)));
         }
         if covered.len() == file.spatial_fields() {
             file.remember_index(&info, Ok(()));

@@ -354,6 +354,39 @@ fn band_portable(band: &mut [u32], rows: &[u16], weights: &[i16], c: usize, sums
     }
 }
 
+/// A disagreement of a block's index with its counts: `(block frame,
+/// field, stored, computed)`.
+pub(crate) type Disagreement = (usize, usize, u64, u64);
+
+/// The first disagreement between a block's stored index and the sums its
+/// counts give, in the one order every check names it: the earliest frame,
+/// and in that frame the lowest field. A check that sees frames in order
+/// (a cursor, window by window) can name it at the first window with one.
+/// `fields`: the fields compared, ascending; `stored(t, out)` fills field
+/// `t`'s stored sums of the `n` frames; `computed(t, k)`: what the counts
+/// give for field `t`, frame `k`.
+pub(crate) fn first_disagreement(
+    fields: impl IntoIterator<Item = usize>,
+    n: usize,
+    mut stored: impl FnMut(usize, &mut [u32]),
+    computed: impl Fn(usize, usize) -> u64,
+) -> Option<Disagreement> {
+    let mut column = vec![0u32; n];
+    let mut first: Option<Disagreement> = None;
+    for t in fields {
+        // Only an earlier frame can come before what a lower field found.
+        let before = first.map_or(n, |(k, ..)| k);
+        if before == 0 {
+            break;
+        }
+        stored(t, &mut column);
+        if let Some(k) = (0..before).find(|&k| u64::from(column[k]) != computed(t, k)) {
+            first = Some((k, t, u64::from(column[k]), computed(t, k)));
+        }
+    }
+    first
+}
+
 /// Completes a frame's fields (`fields[..tiles8]` holding its 8×8 sums):
 /// each 32×32 tile is the sum of the 8×8 tiles inside it (both families
 /// are truncated at the same detector edges). A 32×32 tile sums at most

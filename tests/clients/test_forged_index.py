@@ -18,10 +18,12 @@ from conftest import conformance, run
 NAME = "u8-mixed-13x7"
 
 
-def forge(dest):
-    """Flips the lowest bit of the first spatial-index word of chunk 0 and
-    recomputes the body checksum and the header digest (spec §3, §4)."""
-    original = (conformance() / "qem" / f"{NAME}.qem").read_bytes()
+def forge(dest, source=None):
+    """Flips the lowest bit of the first spatial-index word of chunk 0 of
+    `source` (the conformance file by default) and recomputes the body
+    checksum and the header digest (spec §3, §4)."""
+    source = source or conformance() / "qem" / f"{NAME}.qem"
+    original = source.read_bytes()
     start = struct.unpack_from("<Q", original, 16)[0]
     header = json.loads(original[56:start])
     words = header["chunks"][0]["arrays"][3]["offset"]
@@ -80,3 +82,26 @@ def test_the_mount_refuses_an_index_a_decode_found_forged(mount, tmp_path):
     assert raised.value.errno == 5  # EIO
     np.load(mnt / "good.qem" / "data.npy")
     assert np.array_equal(np.load(mnt / "good.qem" / "virtual" / "sum.npy"), sums_of(src / "good.qem"))
+
+
+def test_the_mount_refuses_an_index_the_first_window_found_forged(mount, tmp_path):
+    """A block decoded in windows (84 MB of frames, more than a 64 MiB
+    window) whose first frame disagrees with its index: reading the first
+    window is enough for index products to be refused, before any later
+    window is decoded."""
+    rng = np.random.default_rng(7)
+    frames = rng.poisson(0.05, size=(1, 512, 256, 320)).astype(np.uint16)
+    np.save(tmp_path / "big.npy", frames)
+    run("qem", "convert", tmp_path / "big.npy", tmp_path / "big.qem")
+    src = tmp_path / "src"
+    src.mkdir()
+    forge(src / "forged.qem", tmp_path / "big.qem")
+    # The prefetcher's share (a quarter of 64 MiB) holds no window: nothing
+    # but the read below decodes.
+    mnt = mount(src, "--cache-size", 64, "--gpu", "off")
+    with open(mnt / "forged.qem" / "data.npy", "rb") as f:
+        head = f.read(4096)
+    assert head.startswith(b"\x93NUMPY")
+    with pytest.raises(OSError) as raised:
+        np.load(mnt / "forged.qem" / "virtual" / "sum.npy")
+    assert raised.value.errno == 5  # EIO
