@@ -36,6 +36,9 @@ fn tree(detectors: &DetectorArgs, gpu: &GpuArgs) -> Tree {
     Tree::new(".", &options)
 }
 
+/// Bytes `qem cat` asks for at a time.
+const CAT_PIECE: usize = 4 << 20;
+
 /// Entries listed at a time by `qem ls`.
 const LS_PAGE: usize = 4096;
 
@@ -93,16 +96,31 @@ pub fn cat(args: &CatArgs) -> Result<u8, Failure> {
         ));
     };
     let mut out = Stdout::new();
-    let mut buffer = vec![0u8; 4 << 20];
+    let mut buffer = vec![0u8; CAT_PIECE];
     let mut offset = 0u64;
     loop {
-        let n = content
-            .read_at(offset, &mut buffer)
-            .map_err(Failure::plain)?;
+        // A piece that lies in one held value (a decoded window, a
+        // computed image) is written from there: no copy into `buffer`.
+        let held = content
+            .held_at(offset, CAT_PIECE)
+            .map_err(Failure::plain)?
+            .filter(|h| !h.is_empty());
+        let n = match &held {
+            Some(piece) => {
+                out.write_all(piece)?;
+                piece.len()
+            }
+            None => {
+                let n = content
+                    .read_at(offset, &mut buffer)
+                    .map_err(Failure::plain)?;
+                out.write_all(&buffer[..n])?;
+                n
+            }
+        };
         if n == 0 {
             break;
         }
-        out.write_all(&buffer[..n])?;
         offset += n as u64;
     }
     out.done()?;
