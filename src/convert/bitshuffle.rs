@@ -174,6 +174,37 @@ mod tests {
         planes
     }
 
+    /// Bit planes of `m` elements of `elem` bytes (`bytes`), from the
+    /// definition, one bit at a time.
+    fn shuffle_bytes(bytes: &[u8], elem: usize) -> Vec<u8> {
+        let m = bytes.len() / elem;
+        let mut planes = vec![0u8; bytes.len()];
+        for i in 0..m {
+            for b in 0..elem {
+                for k in 0..8 {
+                    if bytes[i * elem + b] >> k & 1 == 1 {
+                        planes[(8 * b + k) * (m / 8) + i / 8] |= 1 << (i % 8);
+                    }
+                }
+            }
+        }
+        planes
+    }
+
+    #[test]
+    fn unshuffle_inverts_the_planes_for_every_element_size() {
+        for elem in [1, 2, 3, 4, 8] {
+            for m in [0, 8, 24, 64] {
+                let bytes: Vec<u8> = (0..m * elem)
+                    .map(|i| ((i as u32).wrapping_mul(2654435761) >> 13) as u8)
+                    .collect();
+                let mut out = vec![0u8; bytes.len()];
+                bit_unshuffle(&shuffle_bytes(&bytes, elem), m, elem, &mut out);
+                assert_eq!(out, bytes, "{elem}-byte elements, {m} of them");
+            }
+        }
+    }
+
     #[test]
     fn transpose8_swaps_rows_and_columns() {
         for seed in [1u64, 0x0123_4567_89ab_cdef, u64::MAX, 1 << 63] {
