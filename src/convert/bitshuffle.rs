@@ -156,26 +156,15 @@ pub fn hdf5_lz4(chunk: &[u8], out: &mut [u8]) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    /// Bit planes of `values` as the filter lays them out (independent of
-    /// the decoder: one bit at a time from the definition).
+    /// Bit planes of `values` as the filter lays them out.
     fn shuffle(values: &[u16]) -> Vec<u8> {
-        let m = values.len();
-        let mut planes = vec![0u8; 2 * m];
-        for (i, v) in values.iter().enumerate() {
-            let bytes = v.to_le_bytes();
-            for b in 0..2 {
-                for k in 0..8 {
-                    if bytes[b] >> k & 1 == 1 {
-                        planes[(8 * b + k) * (m / 8) + i / 8] |= 1 << (i % 8);
-                    }
-                }
-            }
-        }
-        planes
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        shuffle_bytes(&bytes, 2)
     }
 
-    /// Bit planes of `m` elements of `elem` bytes (`bytes`), from the
-    /// definition, one bit at a time.
+    /// Bit planes of the `elem`-byte elements in `bytes` as the filter lays
+    /// them out (independent of the decoder: one bit at a time from the
+    /// definition).
     fn shuffle_bytes(bytes: &[u8], elem: usize) -> Vec<u8> {
         let m = bytes.len() / elem;
         let mut planes = vec![0u8; bytes.len()];

@@ -21,6 +21,13 @@ pub fn array_offset(bytes: &[u8], k: usize) -> usize {
     h["chunks"][0]["arrays"][k]["offset"].as_u64().unwrap() as usize
 }
 
+/// Element count of array `k` of chunk 0.
+pub fn array_count(bytes: &[u8], k: usize) -> usize {
+    let start = body_start(bytes);
+    let h: serde_json::Value = serde_json::from_slice(&bytes[56..start]).unwrap();
+    h["chunks"][0]["arrays"][k]["count"].as_u64().unwrap() as usize
+}
+
 /// Rewrites the header digest of the envelope.
 pub fn reseal_header(bytes: &mut [u8]) {
     let start = body_start(bytes);
