@@ -351,3 +351,66 @@ fn calibrated_metadata_matches_the_reference_form() {
         qemfs::qem::write::to_canonical_json(&h["scientific_metadata"]).unwrap()
     );
 }
+
+/// Header text and body of a `.qem` file's bytes.
+fn header_and_body(file: &[u8]) -> (&[u8], &[u8]) {
+    let n = u64::from_le_bytes(file[8..16].try_into().unwrap()) as usize;
+    (&file[56..56 + n], &file[56 + n..])
+}
+
+/// A large array written with the default policy leaves room for its header
+/// before the body (so the body is written once, not moved): the canonical
+/// header followed by spaces, 4 KiB-aligned, the same bytes in memory and on
+/// disk, a valid file that decodes to the input, and larger than the
+/// reference policy's file by no more than those spaces; the reference
+/// policy keeps the exact header.
+#[test]
+fn a_large_arrays_header_fills_the_room_before_its_body() {
+    use qemfs::qem::{QemFile, ValidationLevel};
+    let shape = [32, 64, 128, 128]; // 64 MiB of uint16
+    let values = frames(shape, 11);
+    let data = le(&values);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("large.qem");
+    let spec = counts_spec(shape);
+    let summary = write_file(&path, spec.clone(), &data).unwrap();
+    let file = std::fs::read(&path).unwrap();
+    assert!(
+        file == encode_to_vec(spec, &data).unwrap(),
+        "file and memory differ"
+    );
+    assert_eq!(summary.file_bytes, file.len() as u64);
+    let (header, body) = header_and_body(&file);
+    assert_eq!(
+        (56 + header.len()) % 4096,
+        0,
+        "the body starts on a 4 KiB boundary"
+    );
+    let text = std::str::from_utf8(header).unwrap();
+    let exact = text.trim_end_matches(' ');
+    assert!(exact.len() < text.len(), "no room was left");
+    let parsed: Value = serde_json::from_str(exact).unwrap();
+    assert_eq!(
+        qemfs::qem::write::to_canonical_json(&parsed).unwrap(),
+        exact
+    );
+    assert_eq!(parsed["bytes"], json!(body.len()));
+
+    let opened = QemFile::open(&path).unwrap();
+    opened.validate(ValidationLevel::Full).unwrap();
+    let mut decoded = vec![0u8; data.len()];
+    opened.read_all(&mut decoded).unwrap();
+    assert!(decoded == data, "decoded values differ");
+
+    let padding = text.len() - exact.len();
+    let reference =
+        encode_to_vec(counts_spec(shape).with_model(ModelChoice::Reference), &data).unwrap();
+    let (reference_header, reference_body) = header_and_body(&reference);
+    assert!(body.len() <= reference_body.len());
+    assert!(file.len() <= reference.len() + padding);
+    assert_ne!(
+        reference_header.last(),
+        Some(&b' '),
+        "the reference policy's header was padded"
+    );
+}

@@ -119,3 +119,21 @@ def test_float64_rounding_is_allowed_by_a_flag_and_recorded(tmp_path):
     assert record["operation"] == "float64_to_float32_rounding"
     assert record["changes_measurements"] is True
     assert (record["source_dtype"], record["stored_dtype"]) == ("float64", "float32")
+
+
+def test_a_large_arrays_padded_header_is_plain_json_to_every_reader(tmp_path):
+    # 64 MiB of float32: the body is written behind room left for the header,
+    # whose canonical text is followed by spaces up to a 4 KiB boundary.
+    a = np.random.default_rng(7).normal(50, 20, size=(32, 32, 128, 128)).astype("<f4")
+    back, header = convert_back(tmp_path, a, name="large")
+    assert back.dtype == a.dtype and np.array_equal(back.view("<u4"), a.view("<u4"))
+    raw = (tmp_path / "large.qem").read_bytes()
+    n = int.from_bytes(raw[8:16], "little")
+    assert (56 + n) % 4096 == 0
+    text = raw[56:56 + n]
+    assert text.endswith(b" ") and not text.rstrip(b" ").endswith(b" ")
+    # Python's own parser (the reference reader's) takes the padded header.
+    parsed = json.loads(text)
+    assert parsed == header
+    assert parsed["bytes"] == len(raw) - 56 - n
+    assert json.loads(run("qem", "cat", tmp_path / "large.qem", "header.json").stdout) == parsed

@@ -4,9 +4,10 @@
 //! is encoded at once and its arrays hashed and spooled (module `body`) into the
 //! output's temporary sibling file while the next chunk is encoded, so
 //! memory stays bounded by two chunks. [`Writer::finish`] then builds the
-//! header (which must precede the body), moves the body up behind it in the
-//! same file (module `spool`) and publishes it without ever replacing an
-//! existing file.
+//! header (which must precede the body) and writes it into the room left
+//! before the body (module `room`) or, where none was left or it does not
+//! fit, moves the body up behind it in the same file (module `spool`), and
+//! publishes the file without ever replacing an existing one.
 //!
 //! ```no_run
 //! use qemfs::qem::write::{scientific_metadata, Calibration, CountDtype, WriteSpec, Writer};
@@ -26,6 +27,7 @@ mod header;
 mod metadata;
 mod publish;
 mod rans;
+mod room;
 mod spatial;
 mod spool;
 pub mod stream;
@@ -337,6 +339,9 @@ pub struct Writer {
     pending: Vec<u8>,
     frames_done: u64,
     chunks: Vec<Value>,
+    /// Bytes before the body when it is written behind reserved room
+    /// (module `room`).
+    room: Option<u64>,
 }
 
 impl Writer {
@@ -480,6 +485,22 @@ impl Writer {
         if base.len() > MAX_HEADER_BYTES {
             return Err(WriteError::HeaderTooLarge(base.len()));
         }
+        let region_splits = match &kind {
+            Kind::Scaled { stops } => stops.len() as u64,
+            _ => 0,
+        };
+        let room = room::reserve(
+            spec.model,
+            &room::Shape {
+                known_bytes: base.len() as u64,
+                dense_bytes: frames * pixels64 * elem_bytes as u64,
+                chunks: frames.div_ceil(chunk_scans) + region_splits,
+            },
+        );
+        let mut sink = sink;
+        if let (Some(room), Sink::Spool(spool, _)) = (room, &mut sink) {
+            spool.place_at(room);
+        }
         Ok(Writer {
             target,
             overwrite: Overwrite::Never,
@@ -495,6 +516,7 @@ impl Writer {
             pending: Vec::new(),
             frames_done: 0,
             chunks: Vec::new(),
+            room,
         })
     }
 
@@ -689,10 +711,11 @@ impl Writer {
                 hex(&logical.clone().finalize()).into(),
             );
         }
-        let text = to_canonical_json(&Value::Object(header))?;
+        let mut text = to_canonical_json(&Value::Object(header))?;
         if text.len() > MAX_HEADER_BYTES {
             return Err(WriteError::HeaderTooLarge(text.len()));
         }
+        room::fill(&mut text, self.room);
         let n = text.len() as u64;
         let start = (envelope::ENVELOPE_BYTES + text.len()) as u64;
         let mut out = Vec::with_capacity(envelope::ENVELOPE_BYTES + text.len());

@@ -1,8 +1,10 @@
-//! The body spooled into the output's own temporary file, then moved up
-//! behind the header: the header precedes the body (spec §2) but its size
-//! is known only once the body is, so the body is written first at offset
-//! 0 and shifted by the header's length at the end, in place, from the
-//! last block down.
+//! The body spooled into the output's own temporary file, behind room
+//! left for the header: the header precedes the body (spec §2) but its
+//! size is known only once the body is. The body is written at an aligned
+//! offset (0, or the room the writer reserved, [`Spool::place_at`]); a
+//! header that fills that room exactly is written into it and nothing
+//! moves, any other is followed by the body shifted up to its end, in
+//! place, from the last block down.
 //!
 //! Both passes go around the page cache (`O_DIRECT`) where the filesystem
 //! allows it. On the 2-core machines this is measured on, a buffered write
@@ -75,17 +77,20 @@ pub(super) struct Spool {
     file: File,
     stage: MmapMut,
     staged: usize,
+    /// File offset of the body's first byte (a multiple of `ALIGN`).
+    base: u64,
     /// File offset of `stage[0]`.
     at: u64,
     /// Body bytes received.
     len: u64,
 }
 
-/// A spooled body: `len` bytes at offset 0 of a file `stored` bytes long
-/// (the last block zero-padded).
+/// A spooled body: `len` bytes at offset `base` of a file `stored` bytes
+/// long (the last block zero-padded).
 pub(super) struct Spooled {
     pub file: File,
     pub len: u64,
+    base: u64,
     stored: u64,
 }
 
@@ -116,9 +121,20 @@ impl Spool {
             file,
             stage: aligned(STAGE)?,
             staged: 0,
+            base: 0,
             at: 0,
             len: 0,
         })
+    }
+
+    /// Places the body at `offset` (rounded up to the alignment) instead
+    /// of 0, leaving that much room for the header; before any byte is
+    /// written. Returns the body's offset.
+    pub fn place_at(&mut self, offset: u64) -> u64 {
+        debug_assert!(self.len == 0, "the body is placed before it is written");
+        self.base = align_up(offset);
+        self.at = self.base;
+        self.base
     }
 
     pub fn write(&mut self, pieces: &[Vec<u8>]) -> io::Result<()> {
@@ -156,18 +172,43 @@ impl Spool {
         Ok(Spooled {
             file: self.file,
             len: self.len,
+            base: self.base,
             stored: self.at,
         })
     }
 }
 
 impl Spooled {
-    /// Moves the body up behind `head` and writes `head` before it: the
-    /// file becomes `head ++ body`, exactly. Blocks are moved from the last
-    /// down (each lands above every byte still to be read); one thread
-    /// reads the next block while this one writes the current.
+    /// Makes the file `head ++ body`, exactly. A head as long as the room
+    /// before the body is written into it; a longer one (at least as long,
+    /// as the writer guarantees) is written before the body moved up to
+    /// its end.
     pub fn put_head(self, head: &[u8]) -> io::Result<File> {
         let h = head.len() as u64;
+        if h == self.base {
+            let mut room = aligned(head.len().max(1))?;
+            room[..head.len()].copy_from_slice(head);
+            let (file, room) = (&self.file, &room[..head.len()]);
+            direct_or_buffered(file, || file.write_all_at(room, 0))?;
+            self.file.set_len(h + self.len)?;
+            return Ok(self.file);
+        }
+        if h < self.base {
+            return Err(io::Error::other(format!(
+                "a header of {h} bytes does not fill the {} reserved for it",
+                self.base
+            )));
+        }
+        self.move_up(head)
+    }
+
+    /// Moves the body up from `base` to the end of `head` and writes
+    /// `head` before it. Blocks are moved from the last down (each lands
+    /// above every byte still to be read, as `base <= head.len()`); one
+    /// thread reads the next block while this one writes the current.
+    fn move_up(self, head: &[u8]) -> io::Result<File> {
+        let h = head.len() as u64;
+        let base = self.base;
         let total = h + self.len;
         let blocks = total.div_ceil(STAGE as u64);
         let block = STAGE as u64;
@@ -191,6 +232,7 @@ impl Spooled {
                 for k in (0..blocks).rev() {
                     let Ok(mut buf) = free_rx.recv() else { return };
                     let (lo, hi) = body_range(k);
+                    let (lo, hi) = (base + lo, base + hi);
                     let (a, b) = (align_down(lo), align_up(hi).min(self.stored));
                     let read = if lo < hi {
                         let dest = &mut buf[..(b - a) as usize];
@@ -214,7 +256,8 @@ impl Spooled {
                     out[..from_head].copy_from_slice(&head[start as usize..][..from_head]);
                 }
                 let (lo, hi) = body_range(k);
-                out[from_head..len].copy_from_slice(&buf[(lo - a) as usize..(hi - a) as usize]);
+                let (lo, hi) = (base + lo - a, base + hi - a);
+                out[from_head..len].copy_from_slice(&buf[lo as usize..hi as usize]);
                 let padded = align_up(len as u64) as usize;
                 out[len..padded].fill(0);
                 let piece = &out[..padded];
@@ -239,10 +282,15 @@ mod tests {
     }
 
     fn spooled_with(body: &[u8], pieces: usize, io: Io) -> Spooled {
+        spooled_at(body, pieces, io, 0)
+    }
+
+    fn spooled_at(body: &[u8], pieces: usize, io: Io, room: u64) -> Spooled {
         // In the working directory (the build's own filesystem), not a
         // tmpfs /tmp that would refuse O_DIRECT for both paths alike.
         let file = tempfile::tempfile_in(".").unwrap();
         let mut spool = Spool::with_io(file, io).unwrap();
+        assert_eq!(spool.place_at(room), align_up(room));
         let step = body.len().div_ceil(pieces.max(1)).max(1);
         let parts: Vec<Vec<u8>> = body.chunks(step).map(<[u8]>::to_vec).collect();
         spool.write(&parts).unwrap();
@@ -319,6 +367,39 @@ mod tests {
         let all = contents(&file);
         assert_eq!(all.len(), 3 + piece.len());
         assert!(all[..3] == [0, 0, 0] && all[3..] == *piece);
+    }
+
+    /// A body placed behind reserved room: a head that fills the room is
+    /// written into it (the body is not moved), a longer one moves the
+    /// body up behind it, a shorter one is refused; direct and buffered.
+    #[test]
+    fn a_placed_body_takes_a_head_of_its_rooms_length_in_place() {
+        let body: Vec<u8> = (0..2 * STAGE + 4321)
+            .map(|i| (i * 17 % 249) as u8)
+            .collect();
+        for io in [Io::Direct, Io::Buffered] {
+            for (room, h) in [
+                (ALIGN as u64, ALIGN),
+                (3 * ALIGN as u64, 3 * ALIGN),
+                (ALIGN as u64, ALIGN + 1),
+                (ALIGN as u64, STAGE + 77),
+            ] {
+                let head: Vec<u8> = (0..h).map(|i| (i % 9) as u8 + 1).collect();
+                let spooled = spooled_at(&body, 4, io, room);
+                // Where the body lies before the head is put.
+                let before = contents(&spooled.file);
+                assert_eq!(&before[room as usize..][..body.len()], &body[..]);
+                let file = spooled.put_head(&head).unwrap();
+                let all = contents(&file);
+                assert_eq!(all.len(), h + body.len(), "{io:?}, room {room}, head {h}");
+                assert!(
+                    all[..h] == head[..] && all[h..] == body[..],
+                    "{io:?}, room {room}, head {h}"
+                );
+            }
+            let short = spooled_at(&body, 2, io, 2 * ALIGN as u64).put_head(&[1; ALIGN]);
+            assert!(short.is_err(), "{io:?}: a head shorter than its room");
+        }
     }
 
     #[test]
