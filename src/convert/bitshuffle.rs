@@ -31,21 +31,177 @@ fn transpose8(mut x: u64) -> u64 {
     x ^ t ^ (t << 28)
 }
 
-/// Undoes the bit transposition of `m` elements (`m` a multiple of 8): for
-/// each byte `b` of the elements and each group of 8 elements, the 8 plane
-/// bytes (bits `k = 0..8`) form an 8×8 bit matrix whose transpose is byte
-/// `b` of those 8 elements.
-fn bit_unshuffle(planes: &[u8], m: usize, elem: usize, out: &mut [u8]) {
+/// Undoes the bit transposition of `m` elements (`m` a multiple of 8) in
+/// two steps: for each byte `b` of the elements, the 8 planes of its bits
+/// become that byte of every element, in element order (`bytes`, `m` bytes
+/// per element byte: for each group of 8 elements the 8 plane bytes form
+/// an 8×8 bit matrix whose transpose is byte `b` of those 8 elements);
+/// then those bytes are interleaved into elements. The first step runs 32
+/// groups at a time with AVX2 (and GFNI where the CPU has it) on x86-64.
+fn bit_unshuffle(planes: &[u8], m: usize, elem: usize, bytes: &mut Vec<u8>, out: &mut [u8]) {
     let row = m / 8;
-    for b in 0..elem {
-        let plane = |k: usize| &planes[(8 * b + k) * row..][..row];
-        let rows: [&[u8]; 8] = std::array::from_fn(plane);
-        for j in 0..row {
-            let x = u64::from_le_bytes(std::array::from_fn(|k| rows[k][j]));
-            for (e, byte) in transpose8(x).to_le_bytes().into_iter().enumerate() {
-                out[(8 * j + e) * elem + b] = byte;
+    if m == 0 {
+        return;
+    }
+    if elem == 1 {
+        // The element bytes are the output.
+        untranspose_bits(planes, row, out);
+        return;
+    }
+    bytes.resize(m * elem, 0);
+    for (b, byte) in bytes.chunks_exact_mut(m).enumerate() {
+        untranspose_bits(&planes[8 * b * row..][..8 * row], row, byte);
+    }
+    interleave(bytes, m, elem, out);
+}
+
+/// The element-order bytes of 8 bit planes of `row` bytes each:
+/// `out[8j + e]` holds bit `e` of byte `j` of plane `k` as its bit `k`.
+fn untranspose_bits(planes: &[u8], row: usize, out: &mut [u8]) {
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx2") {
+        let gfni = is_x86_feature_detected!("gfni");
+        // SAFETY: AVX2 (and GFNI when asked for) are present, checked above.
+        done = unsafe { x86::untranspose_bits(planes, row, out, gfni) };
+    }
+    for j in done..row {
+        let x = u64::from_le_bytes(std::array::from_fn(|k| planes[k * row + j]));
+        out[8 * j..8 * j + 8].copy_from_slice(&transpose8(x).to_le_bytes());
+    }
+}
+
+/// `out[i·elem + b] = bytes[b·m + i]`; the common sizes as whole-element
+/// stores that the compiler vectorises.
+fn interleave(bytes: &[u8], m: usize, elem: usize, out: &mut [u8]) {
+    let byte = |b: usize| &bytes[b * m..][..m];
+    match elem {
+        2 => {
+            for ((o, &lo), &hi) in out.chunks_exact_mut(2).zip(byte(0)).zip(byte(1)) {
+                o.copy_from_slice(&u16::from_le_bytes([lo, hi]).to_le_bytes());
             }
         }
+        4 => {
+            let (b0, b1, b2, b3) = (byte(0), byte(1), byte(2), byte(3));
+            for (i, o) in out.chunks_exact_mut(4).enumerate() {
+                o.copy_from_slice(&[b0[i], b1[i], b2[i], b3[i]]);
+            }
+        }
+        _ => {
+            for (i, o) in out.chunks_exact_mut(elem).enumerate() {
+                for (b, v) in o.iter_mut().enumerate() {
+                    *v = bytes[b * m + i];
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    /// Transposes the 8×8 bit matrix in each 64-bit lane of `x` (byte `r`
+    /// = row `r`), as `super::transpose8` does one at a time.
+    #[target_feature(enable = "avx2")]
+    fn transpose8x4(mut x: __m256i) -> __m256i {
+        macro_rules! swap {
+            ($shift:literal, $mask:literal) => {
+                let t = _mm256_and_si256(
+                    _mm256_xor_si256(x, _mm256_srli_epi64::<$shift>(x)),
+                    _mm256_set1_epi64x($mask),
+                );
+                x = _mm256_xor_si256(x, _mm256_xor_si256(t, _mm256_slli_epi64::<$shift>(t)));
+            };
+        }
+        swap!(7, 0x00AA_00AA_00AA_00AA);
+        swap!(14, 0x0000_CCCC_0000_CCCC);
+        swap!(28, 0x0000_0000_F0F0_F0F0);
+        x
+    }
+
+    /// The same with one GFNI instruction, for lanes whose rows are in
+    /// reverse order (byte `r` = row `7 - r`): the affine transform of the
+    /// bytes `1 << e` by the lane's matrix gives byte `e` of the transpose.
+    #[target_feature(enable = "avx2,gfni")]
+    fn transpose8x4_gfni(reversed: __m256i) -> __m256i {
+        let units = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+        _mm256_gf2p8affine_epi64_epi8::<0>(units, reversed)
+    }
+
+    /// `super::untranspose_bits` for the first multiple of 32 groups;
+    /// returns how many groups it did.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, and GFNI when `gfni` is true.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn untranspose_bits(
+        planes: &[u8],
+        row: usize,
+        out: &mut [u8],
+        gfni: bool,
+    ) -> usize {
+        let whole = row / 32 * 32;
+        assert!(planes.len() >= 8 * row && out.len() >= 8 * row);
+        for j in (0..whole).step_by(32) {
+            // SAFETY: j + 32 <= row, so each load reads inside plane k.
+            let load =
+                |k: usize| unsafe { _mm256_loadu_si256(planes.as_ptr().add(k * row + j).cast()) };
+            // GFNI wants each lane's rows reversed: the planes in reverse order.
+            let v: [__m256i; 8] = if gfni {
+                std::array::from_fn(|k| load(7 - k))
+            } else {
+                std::array::from_fn(load)
+            };
+            // Bytes of planes (0,1), (2,3), ... side by side, then pairs of
+            // those, then quads: 64-bit lanes holding one group's 8 plane
+            // bytes each. Within each 128-bit half, unpacks keep the groups
+            // in order, so vector `q` holds groups 2q, 2q + 1 of the half.
+            let a = |p: usize, hi: bool| {
+                if hi {
+                    _mm256_unpackhi_epi8(v[2 * p], v[2 * p + 1])
+                } else {
+                    _mm256_unpacklo_epi8(v[2 * p], v[2 * p + 1])
+                }
+            };
+            let (a_lo, a_hi): ([__m256i; 4], [__m256i; 4]) = (
+                std::array::from_fn(|p| a(p, false)),
+                std::array::from_fn(|p| a(p, true)),
+            );
+            let mut quads = [_mm256_setzero_si256(); 8];
+            for (h, a) in [a_lo, a_hi].iter().enumerate() {
+                let b = [
+                    _mm256_unpacklo_epi16(a[0], a[1]),
+                    _mm256_unpackhi_epi16(a[0], a[1]),
+                    _mm256_unpacklo_epi16(a[2], a[3]),
+                    _mm256_unpackhi_epi16(a[2], a[3]),
+                ];
+                for half in 0..2 {
+                    quads[4 * h + 2 * half] = _mm256_unpacklo_epi32(b[half], b[2 + half]);
+                    quads[4 * h + 2 * half + 1] = _mm256_unpackhi_epi32(b[half], b[2 + half]);
+                }
+            }
+            for (q, &x) in quads.iter().enumerate() {
+                let t = if gfni {
+                    // SAFETY: the caller checked GFNI.
+                    unsafe { transpose8x4_gfni(x) }
+                } else {
+                    transpose8x4(x)
+                };
+                // Groups j + 2q, j + 2q + 1 (low half), j + 16 + 2q, ... (high).
+                for (half, group) in [(0, j + 2 * q), (1, j + 16 + 2 * q)] {
+                    let part = if half == 0 {
+                        _mm256_castsi256_si128(t)
+                    } else {
+                        _mm256_extracti128_si256::<1>(t)
+                    };
+                    // SAFETY: group + 2 <= row, so 16 bytes from 8 * group
+                    // lie inside `out`.
+                    unsafe { _mm_storeu_si128(out.as_mut_ptr().add(8 * group).cast(), part) };
+                }
+            }
+        }
+        whole
     }
 }
 
@@ -72,6 +228,7 @@ pub fn bitshuffle_lz4(chunk: &[u8], elem: usize, out: &mut [u8]) -> Result<(), S
     let block = block_bytes / elem;
     let n = out.len() / elem;
     let mut scratch = vec![0u8; block * elem];
+    let mut bytes = Vec::new();
     let (mut pos, mut done) = (12usize, 0usize);
     while n - done >= 8 {
         let m = if n - done >= block {
@@ -96,6 +253,7 @@ pub fn bitshuffle_lz4(chunk: &[u8], elem: usize, out: &mut [u8]) -> Result<(), S
             &scratch[..m * elem],
             m,
             elem,
+            &mut bytes,
             &mut out[done * elem..(done + m) * elem],
         );
         pos += clen;
@@ -183,15 +341,60 @@ mod tests {
     #[test]
     fn unshuffle_inverts_the_planes_for_every_element_size() {
         for elem in [1, 2, 3, 4, 8] {
-            for m in [0, 8, 24, 64] {
+            // Up to 31 groups (scalar only), 32 and more (vector and scalar
+            // tails), and a whole default 8 KiB block.
+            for m in [0, 8, 24, 64, 256, 264, 8 * 70, 4096 / elem * 8] {
                 let bytes: Vec<u8> = (0..m * elem)
                     .map(|i| ((i as u32).wrapping_mul(2654435761) >> 13) as u8)
                     .collect();
                 let mut out = vec![0u8; bytes.len()];
-                bit_unshuffle(&shuffle_bytes(&bytes, elem), m, elem, &mut out);
+                bit_unshuffle(
+                    &shuffle_bytes(&bytes, elem),
+                    m,
+                    elem,
+                    &mut Vec::new(),
+                    &mut out,
+                );
                 assert_eq!(out, bytes, "{elem}-byte elements, {m} of them");
             }
         }
+    }
+
+    /// Every x86 path of the bit step gives what the scalar one gives, on
+    /// whatever vectors the CPU has; says which ran.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_bit_steps_equal_the_scalar_one() {
+        let row = 32 * 5 + 7;
+        let planes: Vec<u8> = (0..8 * row)
+            .map(|i| ((i as u32).wrapping_mul(2246822519) >> 11) as u8)
+            .collect();
+        let mut want = vec![0u8; 8 * row];
+        for (j, o) in want.chunks_exact_mut(8).enumerate() {
+            let x = u64::from_le_bytes(std::array::from_fn(|k| planes[k * row + j]));
+            o.copy_from_slice(&transpose8(x).to_le_bytes());
+        }
+        let mut ran = Vec::new();
+        for (name, gfni, present) in [
+            ("avx2", false, is_x86_feature_detected!("avx2")),
+            (
+                "avx2+gfni",
+                true,
+                is_x86_feature_detected!("avx2") && is_x86_feature_detected!("gfni"),
+            ),
+        ] {
+            if !present {
+                eprintln!("bitshuffle: no {name} on this CPU, path not tested");
+                continue;
+            }
+            let mut got = vec![0u8; 8 * row];
+            // SAFETY: the features were checked above.
+            let done = unsafe { x86::untranspose_bits(&planes, row, &mut got, gfni) };
+            assert_eq!(done, 32 * 5);
+            assert_eq!(got[..8 * done], want[..8 * done], "{name}");
+            ran.push(name);
+        }
+        eprintln!("bitshuffle bit step paths tested: {ran:?}");
     }
 
     #[test]
