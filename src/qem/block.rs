@@ -40,7 +40,15 @@ pub(crate) enum Output<'a> {
     Codes(&'a mut [u8]),
     /// Nothing: every stream decoded (and the index checked) only.
     Check,
+    /// Every slab of decoded frames handed, while in cache, to a visitor:
+    /// the detector rows of its part, its first block frame and its stored
+    /// u16 values (frame-major, the part's pixels of each frame in order).
+    /// Parts call it from several threads at once.
+    Visit(&'a Visitor<'a>),
 }
+
+/// What [`Output::Visit`] calls.
+pub(crate) type Visitor<'a> = dyn Fn(Range<usize>, usize, &[u16]) + Sync + 'a;
 
 /// Pixels per part, about: 32 frames of 4096 u16 values are a 256 KiB
 /// slab, which stays in a core's L2 cache while it is converted and summed,
@@ -111,13 +119,14 @@ impl Output<'_> {
             Output::Values(out) => Output::Values(&mut out[span]),
             Output::Codes(out) => Output::Codes(&mut out[span]),
             Output::Check => Output::Check,
+            Output::Visit(visit) => Output::Visit(*visit),
         }
     }
 
     fn len(&self) -> Option<usize> {
         match self {
             Output::Values(out) | Output::Codes(out) => Some(out.len()),
-            Output::Check => None,
+            Output::Check | Output::Visit(_) => None,
         }
     }
 }
@@ -299,6 +308,10 @@ impl BlockCursor {
             && !reference
             && matches!(convert, Convert::Copy)
             && *out_frames == (t_start..end);
+        let visit = match output {
+            Output::Visit(visit) => Some(*visit),
+            _ => None,
+        };
         let mut segments: Vec<Vec<&mut [u8]>> = self.parts.iter().map(|_| Vec::new()).collect();
         let mut whole: Option<&mut [u8]> = None;
         if let Output::Values(out) | Output::Codes(out) = output {
@@ -326,6 +339,7 @@ impl BlockCursor {
                            mut segs: Vec<&mut [u8]>|
          -> Option<Vec<u32>> {
             let (p0, w) = (rows.start * c, rows.len() * c);
+            let part = rows.clone();
             let ws = spp * w;
             let tiles = sums.as_ref().map_or(0, FrameSums::tiles);
             let mut tile_sums = vec![0u32; tiles * n];
@@ -337,6 +351,9 @@ impl BlockCursor {
                 }
                 if let Some(sums) = sums.as_mut() {
                     sums.add(&vals, t0 - t_start, &mut tile_sums);
+                }
+                if let Some(visit) = visit {
+                    visit(part.clone(), t0, &vals);
                 }
                 for (k, src) in vals.chunks_exact(ws).enumerate() {
                     let seg = (t0 + k)
@@ -639,7 +656,7 @@ impl QemFile {
     /// per pixel.
     fn convert_of(&self, info: &BlockInfo, output: &Output<'_>) -> Result<(Convert, usize)> {
         Ok(match output {
-            Output::Check => (Convert::Skip, 0),
+            Output::Check | Output::Visit(_) => (Convert::Skip, 0),
             Output::Codes(_) if self.codec() == Codec::Float => {
                 return Err(QemError::header(
                     "codec",

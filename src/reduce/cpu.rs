@@ -11,6 +11,8 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::accelerator::{Accelerator, Moments, Partial, Pattern, ReduceError, Request, Values};
+
+mod whole;
 use super::neumaier::Neumaier;
 use crate::qem::{Codec, PixelValues, QemError, QemFile};
 
@@ -35,6 +37,8 @@ impl Accelerator for Cpu {
         let plan = Plan::new(file, &blocks, request)?;
         if file.codec() == Codec::Float {
             reduce_float(file, blocks, request, &plan)
+        } else if request.masks.is_empty() && (request.moments || request.pattern) {
+            whole::reduce(file, blocks, request)
         } else {
             reduce_exact(file, blocks, request, &plan)
         }
@@ -443,6 +447,46 @@ mod tests {
             *valid = Some((0..r * c).map(|p| p % 5 != 3).collect());
         }
         QemFile::from_bytes(encode_to_vec(spec, &dense).unwrap()).unwrap()
+    }
+
+    /// Requests without masks decode whole blocks (module `whole`), those
+    /// with masks pixel groups: the same moments and patterns, through
+    /// blocks decoded several at once and one spread over the threads,
+    /// invalid pixels, and a detector of more rows than one band of u32
+    /// column sums holds.
+    #[test]
+    fn patterns_and_moments_of_whole_blocks_equal_the_pixel_groups() {
+        for shape in [[23, 29, 10, 13], [3, 700, 16, 16], [1, 301, 65_537, 2]] {
+            let file = counts_file(shape, 9);
+            let blocks = 0..file.blocks().len();
+            let whole = Request {
+                masks: Vec::new(),
+                moments: true,
+                pattern: true,
+                background: None,
+            };
+            let grouped = Request {
+                masks: vec![PixelSet::new(vec![0])],
+                ..whole.clone()
+            };
+            let a = Cpu.reduce(&file, blocks.clone(), &whole).unwrap();
+            let b = Cpu.reduce(&file, blocks, &grouped).unwrap();
+            let values = |p: &Partial| {
+                let (m, q) = (p.moments.as_ref().unwrap(), p.pattern.as_ref().unwrap());
+                [&m.total, &m.row, &m.column, &q.sum, &q.max].map(|v| match v {
+                    Values::Exact(v) => v.clone(),
+                    Values::Float(_) => panic!("exact values expected"),
+                })
+            };
+            let (a, b) = (values(&a), values(&b));
+            assert!(a[0].iter().any(|&t| t > 0), "{shape:?}: nothing summed");
+            for (k, (a, b)) in ["total", "row", "column", "sum", "max"]
+                .iter()
+                .zip(a.iter().zip(&b))
+            {
+                assert!(a == b, "{shape:?}: {k} differs");
+            }
+        }
     }
 
     #[test]
