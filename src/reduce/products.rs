@@ -9,6 +9,8 @@
 
 use std::ops::Range;
 
+use rayon::prelude::*;
+
 use super::accelerator::{Accelerator, PixelSet, ReduceError, Request, Values};
 use crate::qem::{Codec, Dtype, QemFile, Region, Tile};
 
@@ -409,8 +411,11 @@ impl<'a> Reducer<'a> {
             a * b
         };
         let need8 = plans.iter().any(|p| !p.tiles8.is_empty());
-        let mut images = vec![Vec::with_capacity(n); masks.len()];
-        for block in self.file.blocks() {
+        // Each block's tile sums are gathered apart (their fields are
+        // unpacked and transposed frame-major), so blocks go in parallel:
+        // on one thread this was the tail of every image, after the
+        // residue's decode.
+        let per_block = |block: &crate::qem::BlockInfo| -> Result<Vec<Vec<u64>>, ReduceError> {
             let frames: Range<usize> = block.frame_range();
             let sums32 =
                 self.file
@@ -421,6 +426,7 @@ impl<'a> Reducer<'a> {
             } else {
                 Vec::new()
             };
+            let mut images = vec![Vec::with_capacity(frames.len()); masks.len()];
             for (k, f) in frames.enumerate() {
                 let s32 = &sums32[k * tiles32..(k + 1) * tiles32];
                 let total: u64 = s32.iter().map(|&v| u64::from(v)).sum();
@@ -442,6 +448,17 @@ impl<'a> Reducer<'a> {
                     };
                     image.push(value);
                 }
+            }
+            Ok(images)
+        };
+        // The first block's error in file order, whichever thread met it.
+        let blocks: Vec<Result<Vec<Vec<u64>>, ReduceError>> =
+            self.file.blocks().par_iter().map(per_block).collect();
+        let blocks: Vec<Vec<Vec<u64>>> = blocks.into_iter().collect::<Result<_, _>>()?;
+        let mut images = vec![Vec::with_capacity(n); masks.len()];
+        for block in blocks {
+            for (image, part) in images.iter_mut().zip(block) {
+                image.extend_from_slice(&part);
             }
         }
         Ok(images.into_iter().map(Image::U64).collect())
