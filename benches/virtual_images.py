@@ -39,14 +39,11 @@ from pathlib import Path
 
 import numpy as np
 
+from mount_read import load
 from zarr_view import Mount
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
-
-
-def load() -> str:
-    return "load " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def timed(f):
