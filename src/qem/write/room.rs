@@ -27,7 +27,7 @@ pub(super) const ROOM_MIN_DENSE: u64 = 64 << 20;
 /// Alignment of the room (the spool's direct-I/O unit).
 const ALIGN: u64 = 4096;
 /// Longest chunk entry of any codec with every number at 20 digits (an
-/// integer chunk's six arrays, the longest, take 421 bytes).
+/// integer chunk's six arrays, the longest, take 436 bytes).
 const ENTRY_BOUND: u64 = 448;
 
 /// What the header's length depends on beyond its members known at the
