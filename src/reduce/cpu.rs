@@ -11,10 +11,10 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::accelerator::{Accelerator, Moments, Partial, Pattern, ReduceError, Request, Values};
-
-mod whole;
 use super::neumaier::Neumaier;
 use crate::qem::{Codec, PixelValues, QemError, QemFile};
+
+mod whole;
 
 /// Reductions on the CPU, in parallel with rayon.
 #[derive(Debug, Clone, Copy, Default)]
@@ -38,7 +38,7 @@ impl Accelerator for Cpu {
         if file.codec() == Codec::Float {
             reduce_float(file, blocks, request, &plan)
         } else if request.masks.is_empty() && (request.moments || request.pattern) {
-            whole::reduce(file, blocks, request)
+            whole::reduce(file, blocks, request, &plan)
         } else {
             reduce_exact(file, blocks, request, &plan)
         }

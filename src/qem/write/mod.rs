@@ -381,7 +381,11 @@ impl Writer {
         Writer::start(None, spec, Sink::Memory(Vec::new()))
     }
 
-    fn start(target: Option<PathBuf>, spec: WriteSpec, sink: Sink) -> Result<Writer, WriteError> {
+    fn start(
+        target: Option<PathBuf>,
+        spec: WriteSpec,
+        mut sink: Sink,
+    ) -> Result<Writer, WriteError> {
         let shape = spec.shape;
         if shape.iter().any(|&s| s == 0 || s >= 1 << 24) {
             return Err(WriteError::Shape {
@@ -497,7 +501,6 @@ impl Writer {
                 chunks: frames.div_ceil(chunk_scans) + region_splits,
             },
         );
-        let mut sink = sink;
         if let (Some(room), Sink::Spool(spool, _)) = (room, &mut sink) {
             spool.place_at(room);
         }

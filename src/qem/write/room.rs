@@ -17,6 +17,7 @@
 //! header that outgrows its room (a bound exceeded) is written exactly,
 //! and the body is moved as before.
 
+use super::spool::align_up;
 use super::{ModelChoice, MAX_HEADER_BYTES};
 use crate::qem::checksum::CHECKSUM_BLOCK;
 use crate::qem::envelope::ENVELOPE_BYTES;
@@ -24,8 +25,6 @@ use crate::qem::envelope::ENVELOPE_BYTES;
 /// Arrays holding fewer dense bytes than this keep the exact header: their
 /// body moves cheaply, and a small file would grow by most of a page.
 pub(super) const ROOM_MIN_DENSE: u64 = 64 << 20;
-/// Alignment of the room (the spool's direct-I/O unit).
-const ALIGN: u64 = 4096;
 /// Longest chunk entry of any codec with every number at 20 digits (an
 /// integer chunk's six arrays, the longest, take 436 bytes).
 const ENTRY_BOUND: u64 = 448;
@@ -59,7 +58,9 @@ pub(super) fn reserve(model: ModelChoice, shape: &Shape) -> Option<u64> {
         + shape.chunks * (ENTRY_BOUND + 1)
         + ",\"logical_sha256\":\"\"".len() as u64
         + 64;
-    let room = (ENVELOPE_BYTES as u64 + shape.known_bytes + added).div_ceil(ALIGN) * ALIGN;
+    // Aligned as the spool places the body, so that a header filling the
+    // room ends exactly where the body starts.
+    let room = align_up(ENVELOPE_BYTES as u64 + shape.known_bytes + added);
     (room - ENVELOPE_BYTES as u64 <= MAX_HEADER_BYTES as u64).then_some(room)
 }
 
@@ -107,7 +108,7 @@ mod tests {
             chunks: 40,
         };
         let room = reserve(ModelChoice::Smallest, &shape(ROOM_MIN_DENSE)).unwrap();
-        assert_eq!(room % ALIGN, 0);
+        assert_eq!(room, align_up(room));
         assert!(room >= ENVELOPE_BYTES as u64 + 5000 + 40 * ENTRY_BOUND);
         assert_eq!(
             reserve(ModelChoice::Reference, &shape(ROOM_MIN_DENSE)),

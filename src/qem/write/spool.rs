@@ -25,11 +25,11 @@ use memmap2::MmapMut;
 
 /// Offsets, lengths and buffer addresses of direct I/O are multiples of
 /// this (a multiple of every common logical block size).
-const ALIGN: usize = 4096;
+pub(super) const ALIGN: usize = 4096;
 /// Bytes staged per write, and per block when the body is moved.
 const STAGE: usize = 8 << 20;
 
-fn align_up(n: u64) -> u64 {
+pub(super) fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN as u64) * ALIGN as u64
 }
 

@@ -16,6 +16,7 @@ use std::sync::Mutex;
 use rayon::prelude::*;
 
 use super::super::accelerator::{Partial, ReduceError, Request, Values};
+use super::Plan;
 use crate::qem::block::Output;
 use crate::qem::QemFile;
 
@@ -178,16 +179,14 @@ fn block_sums(
                 }
                 let at = line_no * c..(line_no + 1) * c;
                 let (line, line_mask) = (&frame[at.clone()], &mask[at.clone()]);
-                let s = match (moments, pattern) {
-                    (true, true) => {
-                        let (sum, max) = (&mut sum[at.clone()], &mut max[at]);
-                        reduce_line(line, line_mask, &mut columns, sum, max)
-                    }
-                    (true, false) => reduce_line(line, line_mask, &mut columns, &mut [], &mut []),
-                    (false, _) => {
-                        reduce_line(line, line_mask, &mut [], &mut sum[at.clone()], &mut max[at])
-                    }
+                // `columns` is empty without moments, the pattern's slices
+                // without a pattern: `reduce_line` skips what is empty.
+                let (sum, max) = if pattern {
+                    (&mut sum[at.clone()], &mut max[at])
+                } else {
+                    (&mut [][..], &mut [][..])
                 };
+                let s = reduce_line(line, line_mask, &mut columns, sum, max);
                 total += s;
                 by_row += r as u64 * s;
             }
@@ -216,24 +215,20 @@ fn block_sums(
         .map_err(|_| ReduceError::Unsupported("a reduction thread panicked".into()))
 }
 
-/// [`Request`]s without masks over `blocks` of an integer or scaled file.
+/// [`Request`]s without masks over `blocks` of an integer or scaled file;
+/// `plan` holds every valid pixel (as moments or a pattern need).
 pub(super) fn reduce(
     file: &QemFile,
     blocks: Range<usize>,
     request: &Request,
+    plan: &Plan,
 ) -> Result<Partial, ReduceError> {
     let p_count = file.pixels();
-    let valid: Vec<u16> = (0..p_count)
-        .map(|p| {
-            if file.valid_mask().is_none_or(|v| v.is_valid(p)) {
-                u16::MAX
-            } else {
-                0
-            }
-        })
-        .collect();
-    let frames: usize = file.blocks()[blocks.clone()].iter().map(|b| b.frames).sum();
-    let per_frame = if request.moments { frames } else { 0 };
+    let mut valid = vec![0u16; p_count];
+    for &p in &plan.pixels {
+        valid[p] = u16::MAX;
+    }
+    let per_frame = if request.moments { plan.frames } else { 0 };
     let [mut total, mut row, mut column] = [(); 3].map(|_| Vec::with_capacity(per_frame));
     let per_pixel = if request.pattern { p_count } else { 0 };
     let (mut sum, mut max) = (vec![0u64; per_pixel], vec![0u64; per_pixel]);
