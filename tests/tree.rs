@@ -814,3 +814,87 @@ fn images_larger_than_the_budget_are_computed_once_for_all_their_files() {
         }
     }
 }
+
+/// A counts file large enough that its first virtual products are made
+/// while the body checksum is computed beside them
+/// (`QemFile::beside_checksums`): with a sound body they equal a sum over
+/// the dense array; with one flipped body byte, every product fails with
+/// the checksum error, whatever the speculative pass found, and a second
+/// read fails again (nothing was kept).
+#[test]
+fn first_products_wait_for_the_body_checksum() {
+    use qemfs::qem::write::{
+        encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec,
+    };
+    let (scan, det) = (16usize, 64usize);
+    let shape = [scan as u64, scan as u64, det as u64, det as u64];
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut values = Vec::with_capacity(scan * scan * det * det);
+    for _ in 0..scan * scan {
+        for r in 0..det {
+            for c in 0..det {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let d2 = (r as i64 - 32).pow(2) + (c as i64 - 32).pow(2);
+                let level = if d2 <= 100 { 8 } else { 1 };
+                values.push((state % (2 * level + 1)) as u16);
+            }
+        }
+    }
+    let dense: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let spec = WriteSpec::counts(
+        shape,
+        CountDtype::U16,
+        scientific_metadata(shape, &Calibration::default()).unwrap(),
+    );
+    let sound = encode_to_vec(spec, &dense).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("sound.qem"), &sound).unwrap();
+    let mut damaged = sound.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0x10;
+    fs::write(dir.path().join("damaged.qem"), &damaged).unwrap();
+
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let disk = read(&tree, "sound.qem/virtual/disk-32-32-10.npy");
+    let header = npy::parse_header(&disk).unwrap();
+    let got: Vec<u64> = disk[header.data_offset..]
+        .chunks_exact(8)
+        .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let want: Vec<u64> = values
+        .chunks_exact(det * det)
+        .map(|frame| {
+            let inside =
+                |p: usize| (p / det).abs_diff(32).pow(2) + (p % det).abs_diff(32).pow(2) <= 100;
+            (0..det * det)
+                .filter(|&p| inside(p))
+                .map(|p| u64::from(frame[p]))
+                .sum()
+        })
+        .collect();
+    assert_eq!(got, want);
+
+    for product in [
+        "virtual/detectors.json",
+        "virtual/bf.npy",
+        "virtual/disk-32-32-10.npy",
+        "virtual/com_row.npy",
+        "virtual/sum.npy",
+    ] {
+        let path = format!("damaged.qem/{product}");
+        for attempt in 0..2 {
+            let Node::File(f, _) = tree.resolve(&path).unwrap() else {
+                panic!("{path} is not a file");
+            };
+            let err = read_all(f.as_ref())
+                .err()
+                .unwrap_or_else(|| panic!("{path} was served from a damaged body"));
+            assert!(
+                err.to_string().contains("body checksum mismatch"),
+                "{path}, read {attempt}: {err}"
+            );
+        }
+    }
+}

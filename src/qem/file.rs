@@ -1075,13 +1075,34 @@ impl QemFile {
         Ok((0..=255u8).filter(|&s| seen[usize::from(s)]).collect())
     }
 
+    /// Runs `work` while the body's checksum blocks are verified beside
+    /// it, instead of before it: a 64 MiB checksum block hashes on one
+    /// thread, and a full validation or a file's first virtual image
+    /// waited for it with the other cores idle. `work` reads an
+    /// [unverified twin](Self::unverified_twin) of this file; its value is
+    /// returned, and the verdicts it reached are adopted, only once every
+    /// block has verified. A checksum failure is the answer otherwise,
+    /// whatever `work` found. With every block verified already, or one
+    /// thread, `work` reads this file, which verifies before each use.
+    pub fn beside_checksums<T: Send>(&self, work: impl FnOnce(&QemFile) -> T + Send) -> Result<T> {
+        let twin = (rayon::current_num_threads() > 1)
+            .then(|| self.unverified_twin())
+            .flatten();
+        let Some(twin) = twin else {
+            return Ok(work(self));
+        };
+        let (body, value) = rayon::join(|| self.verify_body(), || work(&twin));
+        body?;
+        self.adopt_verdicts(twin);
+        Ok(value)
+    }
+
     /// A reader of the same bytes that takes every body checksum block as
-    /// verified. Full validation decodes with it while the checksums are
-    /// computed, instead of after them, and keeps what it found only once
-    /// they verify: its decoders must (and do, see `fuzz/`) survive any
-    /// bytes, and nothing it decodes leaves [`QemFile::validate`]. `None`
-    /// when copying the header would cost more than the wait it saves.
-    pub(super) fn unverified_twin(&self) -> Option<QemFile> {
+    /// verified, for [`beside_checksums`](Self::beside_checksums) alone:
+    /// its decoders must (and do, see `fuzz/`) survive any bytes, and
+    /// nothing it reads is kept unless the checksums verify. `None` when
+    /// copying the header would cost more than the wait it saves.
+    fn unverified_twin(&self) -> Option<QemFile> {
         if self.integrity.all_known() || self.header_bytes() > self.body_bytes() / 16 {
             return None;
         }
@@ -1105,7 +1126,7 @@ impl QemFile {
     /// Takes over the structure, block index and float checksum verdicts
     /// `twin` reached, once this file's own body checksums have verified
     /// the bytes they were reached from.
-    pub(super) fn adopt_verdicts(&self, twin: QemFile) {
+    fn adopt_verdicts(&self, twin: QemFile) {
         let tables = self.chunk_tables.iter().zip(twin.chunk_tables);
         let spatial = self.chunk_spatial.iter().zip(twin.chunk_spatial);
         for (mine, theirs) in tables.chain(spatial) {

@@ -75,29 +75,19 @@ impl QemFile {
     /// Validates an opened file; the first failure is returned as the error.
     pub fn validate(&self, level: ValidationLevel) -> Result<ValidationReport> {
         let full = level == ValidationLevel::Full;
-        let speculate = full && rayon::current_num_threads() > 1;
-        match speculate.then(|| self.unverified_twin()).flatten() {
-            // The body's SHA-256 (one 64 MiB checksum block hashes on one
-            // thread) runs beside the decoding instead of before it. The
-            // verdict is the sequential one: a checksum failure first, then
-            // the structure checks, then the decoding, as the twin found
-            // them in the same, now verified, bytes.
-            Some(twin) => {
-                let (body, checks) = rayon::join(
-                    || self.verify_body(),
-                    || twin.check_structure().and_then(|()| twin.check_decode()),
-                );
-                body?;
-                self.adopt_verdicts(twin);
-                self.check_structure()?;
-                checks?;
+        // The verdict is the sequential one: a checksum failure first,
+        // then the structure checks, then the decoding.
+        let checks = |file: &QemFile| -> Result<()> {
+            file.check_structure()?;
+            if full {
+                file.check_decode()?;
             }
-            None => {
-                self.check_structure()?;
-                if full {
-                    self.check_decode()?;
-                }
-            }
+            Ok(())
+        };
+        if full {
+            self.beside_checksums(checks)??;
+        } else {
+            checks(self)?;
         }
         let md = self.metadata();
         let decoded_bytes = self.dense_bytes();

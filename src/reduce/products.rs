@@ -151,6 +151,10 @@ impl<'a> Reducer<'a> {
         self
     }
 
+    pub fn file(&self) -> &QemFile {
+        self.file
+    }
+
     pub fn accelerator(&self) -> &dyn Accelerator {
         self.accelerator
     }
@@ -473,15 +477,18 @@ impl<'a> Reducer<'a> {
         chosen.dedup();
         let mut sum = vec![0f64; self.file.pixels()];
         let mut frames = 0;
-        for b in chosen {
+        // The blocks are reduced at once (one block spread over the threads
+        // left them half idle between its parts), then summed in file
+        // order, so the pattern does not depend on which finished first.
+        let request = self.request(Vec::new(), false, true);
+        let reduced: Vec<_> = chosen
+            .par_iter()
+            .map(|&b| self.accelerator.reduce(self.file, b..b + 1, &request))
+            .collect();
+        for (b, out) in chosen.into_iter().zip(reduced) {
             let block = &self.file.blocks()[b];
             frames += block.frames;
-            let out = self.accelerator.reduce(
-                self.file,
-                b..b + 1,
-                &self.request(Vec::new(), false, true),
-            )?;
-            let pattern = out.pattern.ok_or_else(|| mismatch(self.accelerator))?;
+            let pattern = out?.pattern.ok_or_else(|| mismatch(self.accelerator))?;
             let region = match self.file.codec() {
                 Codec::Scaled => Some(region_of(self.regions()?, block.first_frame)?),
                 _ => None,

@@ -125,17 +125,30 @@ impl Products {
             .map_err(|e| self.fail(e))
     }
 
-    /// Runs `make`, refusing its result when this file's mapping faulted
-    /// meanwhile (the source was truncated and read as zeros), so that no
-    /// product of a changed file is kept.
-    fn guarded<T>(&self, make: impl FnOnce() -> Result<T, TreeError>) -> Result<T, TreeError> {
-        let faults = self.view.file().faults();
-        let value = make();
+    /// Runs `make` with a reducer of this file, refusing its result when
+    /// the file's mapping faulted meanwhile (the source was truncated and
+    /// read as zeros), so that no product of a changed file is kept. The
+    /// first product of a file is made while its body checksums are
+    /// verified ([`QemFile::beside_checksums`]).
+    fn guarded<T: Send>(
+        &self,
+        make: impl FnOnce(&Reducer<'_>) -> Result<T, TreeError> + Send,
+    ) -> Result<T, TreeError> {
+        let file = self.view.file();
+        let faults = file.faults();
+        let value = file
+            .beside_checksums(|file| {
+                let reducer = Reducer::new(file, &*self.accelerator)
+                    .map_err(|e| self.fail(e))?
+                    .verify_index(self.options.verify_index);
+                make(&reducer)
+            })
+            .map_err(|e| self.fail(e));
         // A product reads much of the file (every block, or its index):
         // its pages are let go as a window's are (`QemView::load_window`).
-        self.view.file().release_mapped_pages();
-        let value = value?;
-        if self.view.file().faults() != faults {
+        file.release_mapped_pages();
+        let value = value??;
+        if file.faults() != faults {
             return Err(TreeError::SourceChanged);
         }
         Ok(value)
@@ -143,17 +156,17 @@ impl Products {
 
     fn geometry(&self) -> Result<Arc<Geometry>, TreeError> {
         self.geometry.get(|| {
-            self.guarded(|| {
-                Geometry::resolve(&self.reducer()?, &self.options).map_err(|e| self.fail(e))
+            self.guarded(|reducer| {
+                Geometry::resolve(reducer, &self.options).map_err(|e| self.fail(e))
             })
         })
     }
 
     fn images(&self) -> Result<Arc<[Image; 4]>, TreeError> {
         self.images.get(|| {
-            self.guarded(|| {
-                let masks = self.geometry()?.masks();
-                let images = self.reducer()?.images(&masks).map_err(|e| self.fail(e))?;
+            let masks = self.geometry()?.masks();
+            self.guarded(|reducer| {
+                let images = reducer.images(&masks).map_err(|e| self.fail(e))?;
                 images
                     .try_into()
                     .map_err(|_| TreeError::Internal("four images expected".into()))
@@ -163,7 +176,7 @@ impl Products {
 
     fn full(&self) -> Result<Arc<Full>, TreeError> {
         self.full
-            .get(|| self.guarded(|| self.reducer()?.full().map_err(|e| self.fail(e))))
+            .get(|| self.guarded(|reducer| reducer.full().map_err(|e| self.fail(e))))
     }
 
     /// The sum of every valid pixel per scan. Counts: from the 32×32
@@ -171,11 +184,11 @@ impl Products {
     /// files: a whole-detector virtual image (decoded; compensated float32,
     /// background subtracted, or exact codes calibrated once in float64).
     fn sums(&self) -> Result<Image, TreeError> {
-        self.guarded(|| {
-            let file = self.view.file();
+        self.guarded(|reducer| {
+            let file = reducer.file();
             if file.codec() != Codec::Integer {
                 let all = PixelSet::new((0..file.pixels() as u32).collect());
-                let mut images = self.reducer()?.images(&[all]).map_err(|e| self.fail(e))?;
+                let mut images = reducer.images(&[all]).map_err(|e| self.fail(e))?;
                 return images
                     .pop()
                     .ok_or_else(|| TreeError::Internal("one image expected".into()));
@@ -487,10 +500,12 @@ type ImageSource = Box<dyn Fn() -> Result<Image, TreeError> + Send + Sync>;
 
 /// The virtual image of one mask.
 fn one_image(p: &Products, set: PixelSet) -> Result<Image, TreeError> {
-    let mut images = p.reducer()?.images(&[set]).map_err(|e| p.fail(e))?;
-    images
-        .pop()
-        .ok_or_else(|| TreeError::Internal("one image expected".into()))
+    p.guarded(|reducer| {
+        let mut images = reducer.images(&[set]).map_err(|e| p.fail(e))?;
+        images
+            .pop()
+            .ok_or_else(|| TreeError::Internal("one image expected".into()))
+    })
 }
 
 pub(super) fn directory(
@@ -745,19 +760,14 @@ impl VirtualDir {
         let (kind, make): (ImageKind, ImageSource) = match product {
             Custom::Detector(center, shape) => (
                 sum_kind,
-                Box::new(move || {
-                    p.guarded(|| one_image(&p, mask_with([r, c], center, shape, p.options.edges)))
-                }),
+                Box::new(move || one_image(&p, mask_with([r, c], center, shape, p.options.edges))),
             ),
             Custom::Point(row, column) => {
                 if row >= r || column >= c {
                     return None;
                 }
                 let pixel = PixelSet::new(vec![(row * c + column) as u32]);
-                (
-                    sum_kind,
-                    Box::new(move || p.guarded(|| one_image(&p, pixel.clone()))),
-                )
+                (sum_kind, Box::new(move || one_image(&p, pixel.clone())))
             }
             Custom::Com {
                 center,
@@ -776,10 +786,10 @@ impl VirtualDir {
                     mean_kind,
                     Box::new(move || {
                         let both = pair.get(|| {
-                            p.guarded(|| {
-                                let disk = Shape::Disk { radius };
-                                let set = mask_with([r, c], center, disk, p.options.edges);
-                                p.reducer()?.masked_com(&set, center).map_err(|e| p.fail(e))
+                            let disk = Shape::Disk { radius };
+                            let set = mask_with([r, c], center, disk, p.options.edges);
+                            p.guarded(|reducer| {
+                                reducer.masked_com(&set, center).map_err(|e| p.fail(e))
                             })
                         })?;
                         Ok(both[axis].clone())
