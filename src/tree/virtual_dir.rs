@@ -6,10 +6,15 @@
 //! Sizes come from the header; values are computed on first read through
 //! [`crate::reduce`] and kept in the budget (or spilled, see
 //! `ImageValues`), once per image for its `.npy`, `.tiff` and `.png`, and
-//! read by range from there. The four default images
-//! are computed together, as are the products that need every pixel
-//! (centre of mass, mean and maximum pattern), and from them the DPC
-//! magnitude and angle and the radial profile of the mean pattern.
+//! read by range from there. Each of the four default images is computed
+//! on its own, when it is first read: counts take whole tiles from the
+//! spatial index and decode only the pixels along an image's own edges,
+//! and a pass over the four images' edges together cost the first
+//! `bf.npy` several times what its own does; float and scaled files decode
+//! each image's pixels, which the four images hardly share. The products
+//! that need every pixel (centre of mass, mean and maximum pattern) are
+//! computed together, and from them the DPC magnitude and angle and the
+//! radial profile of the mean pattern.
 //! `disk-CY-CX-R.npy`, `annulus-CY-CX-RI-RO.npy`, `point-R-C.npy` and the
 //! masked centre of mass `com-CY-CX-R_row.npy` / `_col.npy` (and `.png`)
 //! are made on lookup, not listed, and kept for repeated reads.
@@ -80,6 +85,12 @@ fn image_bytes(image: &Image) -> usize {
     image.len() * npy_dtype(image.kind()).size()
 }
 
+impl Charged for Image {
+    fn charge(&self) -> usize {
+        image_bytes(self)
+    }
+}
+
 impl<const N: usize> Charged for [Image; N] {
     fn charge(&self) -> usize {
         self.iter().map(image_bytes).sum()
@@ -110,7 +121,7 @@ struct Products {
     options: DetectorOptions,
     geometry: Shared<Geometry>,
     /// `bf`, `abf`, `adf`, `haadf`.
-    images: Shared<[Image; 4]>,
+    images: [Shared<Image>; 4],
     full: Shared<Full>,
 }
 
@@ -162,15 +173,11 @@ impl Products {
         })
     }
 
-    fn images(&self) -> Result<Arc<[Image; 4]>, TreeError> {
-        self.images.get(|| {
-            let masks = self.geometry()?.masks();
-            self.guarded(|reducer| {
-                let images = reducer.images(&masks).map_err(|e| self.fail(e))?;
-                images
-                    .try_into()
-                    .map_err(|_| TreeError::Internal("four images expected".into()))
-            })
+    /// Default image `k` (`bf`, `abf`, `adf`, `haadf`).
+    fn image(&self, k: usize) -> Result<Arc<Image>, TreeError> {
+        self.images[k].get(|| {
+            let mask = self.geometry()?.masks()[k].clone();
+            one_image(self, mask)
         })
     }
 
@@ -522,7 +529,7 @@ pub(super) fn directory(
     let [sum_kind, mean_kind] = image_kinds(codec);
     let p = Arc::new(Products {
         geometry: Shared::new(&view),
-        images: Shared::new(&view),
+        images: std::array::from_fn(|_| Shared::new(&view)),
         full: Shared::new(&view),
         view,
         accelerator,
@@ -560,7 +567,7 @@ pub(super) fn directory(
             scan,
             sum_kind,
             &scan_sampling,
-            move || Ok(q.images()?[k].clone()),
+            move || Ok((*q.image(k)?).clone()),
         );
     }
     for (k, name) in ["com_row", "com_col"].into_iter().enumerate() {
