@@ -959,11 +959,7 @@ impl QemFile {
         let mut f = frames.start;
         while f < frames.end {
             let info = *self.block_of_frame(f)?;
-            if verify {
-                self.verify_block_index(info.index)?;
-            } else if let Some(Err(e)) = self.block_index_verdict(info.index) {
-                return Err(e);
-            }
+            self.usable_index(&info, verify)?;
             // Only this tile size's fields, and only the frames asked for:
             // every field of a 2048×2040 block is 134 MB, this tile's 8 MB.
             let arrays = self.spatial_arrays(info.chunk)?;
@@ -981,6 +977,68 @@ impl QemFile {
             f = info.first_frame + k1;
         }
         Ok(out)
+    }
+
+    /// Adds to `out` (one value per frame of block `block`) the sum of the
+    /// index's `tiles` of size `tile` (numbered in tile-row order) in each
+    /// frame, with the checks of
+    /// [`spatial_sums_checked`](Self::spatial_sums_checked). Only those
+    /// tiles' fields are unpacked, each straight into the frames' sums: a
+    /// virtual image of a new geometry gathered every 8×8 tile of every
+    /// frame, transposed frame-major, to add up the few it covers.
+    pub fn add_tile_sums(
+        &self,
+        tile: Tile,
+        tiles: &[usize],
+        block: usize,
+        verify: bool,
+        out: &mut [u64],
+    ) -> Result<()> {
+        let info = *self.blocks().get(block).ok_or(QemError::OutOfRange {
+            what: "block",
+            index: block,
+            limit: self.blocks().len(),
+        })?;
+        if out.len() != info.frames {
+            return Err(QemError::OutOfRange {
+                what: "tile sums output",
+                index: out.len(),
+                limit: info.frames,
+            });
+        }
+        self.usable_index(&info, verify)?;
+        let [_, _, r, c] = self.shape();
+        let (gr, gc) = tile.grid(r, c);
+        let base = tile.first_field(r, c);
+        let arrays = self.spatial_arrays(info.chunk)?;
+        let mut field = vec![0u32; info.frames];
+        for &t in tiles {
+            if t >= gr * gc {
+                return Err(QemError::OutOfRange {
+                    what: "tile",
+                    index: t,
+                    limit: gr * gc,
+                });
+            }
+            self.block_field_frames(arrays, &info, base + t, 0, &mut field);
+            for (o, &v) in out.iter_mut().zip(&field) {
+                *o += u64::from(v);
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether block `info`'s index may be used: checked against its
+    /// counts first when `verify`, else refused only once some decode
+    /// found it to disagree.
+    fn usable_index(&self, info: &BlockInfo, verify: bool) -> Result<()> {
+        if verify {
+            self.verify_block_index(info.index)
+        } else if let Some(Err(e)) = self.block_index_verdict(info.index) {
+            Err(e)
+        } else {
+            Ok(())
+        }
     }
 
     /// The field of every pixel, and the validity mask (all valid when the

@@ -125,9 +125,22 @@ pub enum MaxPattern {
 struct TilePlan {
     tiles32: Vec<usize>,
     tiles8: Vec<usize>,
-    residue: PixelSet,
+    /// Decoded pixels added to the tiles' sums: the wanted pixels of the
+    /// 8×8 tiles partly wanted, where they are the fewer.
+    plus: PixelSet,
+    /// Decoded pixels taken from the tiles' sums: the unwanted pixels of
+    /// the 8×8 tiles partly wanted, where those are the fewer (such a tile
+    /// is in `tiles8`). A ring's edge then decodes at most half of each
+    /// tile it crosses.
+    minus: PixelSet,
     /// The image is the frame total minus this plan's sum.
     complement: bool,
+}
+
+impl TilePlan {
+    fn residue(&self) -> usize {
+        self.plus.len() + self.minus.len()
+    }
 }
 
 impl<'a> Reducer<'a> {
@@ -352,15 +365,42 @@ impl<'a> Reducer<'a> {
             taken
         };
         let tiles32 = take(Tile::Px32);
-        let tiles8 = take(Tile::Px8);
-        let residue = (0..wanted.len())
-            .filter(|&p| wanted[p] && !covered[p])
-            .map(|p| p as u32)
-            .collect();
+        let mut tiles8 = take(Tile::Px8);
+        // The 8×8 tiles left partly wanted (none straddles a 32×32 tile
+        // taken whole): their wanted pixels, or the tile's sum less its
+        // other valid pixels, whichever decodes fewer.
+        let (mut plus, mut minus) = (Vec::new(), Vec::new());
+        let (gr, gc) = Tile::Px8.grid(rows, columns);
+        for i in 0..gr * gc {
+            let (r0, c0) = ((i / gc) * 8, (i % gc) * 8);
+            let pixels = (r0..(r0 + 8).min(rows))
+                .flat_map(|r| (c0..(c0 + 8).min(columns)).map(move |c| r * columns + c));
+            let (mut inside, mut outside) = (Vec::new(), Vec::new());
+            for p in pixels {
+                if covered[p] {
+                    continue;
+                }
+                if wanted[p] {
+                    inside.push(p as u32);
+                } else if self.is_valid(p) {
+                    outside.push(p as u32);
+                }
+            }
+            if inside.is_empty() {
+                continue;
+            }
+            if outside.len() < inside.len() {
+                tiles8.push(i);
+                minus.extend(outside);
+            } else {
+                plus.extend(inside);
+            }
+        }
         TilePlan {
             tiles32,
             tiles8,
-            residue: PixelSet::new(residue),
+            plus: PixelSet::new(plus),
+            minus: PixelSet::new(minus),
             complement: false,
         }
     }
@@ -380,7 +420,7 @@ impl<'a> Reducer<'a> {
                     .collect();
                 let mut complement = self.plan(&others);
                 complement.complement = true;
-                if complement.residue.len() < direct.residue.len() {
+                if complement.residue() < direct.residue() {
                     complement
                 } else {
                     direct
@@ -388,72 +428,79 @@ impl<'a> Reducer<'a> {
             })
             .collect();
         let n = self.file.frames();
-        let residues: Vec<PixelSet> = plans.iter().map(|p| p.residue.clone()).collect();
-        let decoded = if residues.iter().all(PixelSet::is_empty) {
-            vec![vec![0u64; n]; masks.len()]
-        } else {
+        // Per plan, the sums of its `plus` then its `minus` pixels.
+        let residues: Vec<PixelSet> = plans
+            .iter()
+            .flat_map(|p| [p.plus.clone(), p.minus.clone()])
+            .collect();
+        let mut decoded: Vec<Vec<u64>> = Vec::with_capacity(residues.len());
+        for group in residues.chunks(MASKS_PER_REQUEST) {
+            if group.iter().all(PixelSet::is_empty) {
+                decoded.extend(group.iter().map(|_| vec![0u64; n]));
+                continue;
+            }
             let out = self.accelerator.reduce(
                 self.file,
                 0..self.file.blocks().len(),
-                &self.request(residues, false, false),
+                &self.request(group.to_vec(), false, false),
             )?;
-            out.masks
-                .into_iter()
-                .map(|v| match v {
-                    Values::Exact(v) if v.len() == n => Ok(v),
-                    _ => Err(mismatch(self.accelerator)),
-                })
-                .collect::<Result<_, _>>()?
-        };
-        let [_, _, rows, columns] = self.file.shape();
-        let tiles32 = {
-            let (a, b) = Tile::Px32.grid(rows, columns);
-            a * b
-        };
-        let tiles8 = {
-            let (a, b) = Tile::Px8.grid(rows, columns);
-            a * b
-        };
-        let need8 = plans.iter().any(|p| !p.tiles8.is_empty());
-        // Each block's tile sums are gathered apart (their fields are
-        // unpacked and transposed frame-major), so blocks go in parallel:
-        // on one thread this was the tail of every image, after the
-        // residue's decode.
-        let per_block = |block: &crate::qem::BlockInfo| -> Result<Vec<Vec<u64>>, ReduceError> {
-            let frames: Range<usize> = block.frame_range();
-            let sums32 =
-                self.file
-                    .spatial_sums_checked(Tile::Px32, frames.clone(), self.verify_index)?;
-            let sums8 = if need8 {
-                self.file
-                    .spatial_sums_checked(Tile::Px8, frames.clone(), self.verify_index)?
-            } else {
-                Vec::new()
-            };
-            let mut images = vec![Vec::with_capacity(frames.len()); masks.len()];
-            for (k, f) in frames.enumerate() {
-                let s32 = &sums32[k * tiles32..(k + 1) * tiles32];
-                let total: u64 = s32.iter().map(|&v| u64::from(v)).sum();
-                for ((plan, image), residue) in plans.iter().zip(&mut images).zip(&decoded) {
-                    let mut part = residue[f];
-                    part += plan.tiles32.iter().map(|&t| u64::from(s32[t])).sum::<u64>();
-                    if !plan.tiles8.is_empty() {
-                        let s8 = &sums8[k * tiles8..(k + 1) * tiles8];
-                        part += plan.tiles8.iter().map(|&t| u64::from(s8[t])).sum::<u64>();
-                    }
-                    let value = if plan.complement {
-                        total.checked_sub(part).ok_or_else(|| {
-                            ReduceError::Unsupported(format!(
-                                "frame {f}: the spatial index total is below the sum of its parts"
-                            ))
-                        })?
-                    } else {
-                        part
-                    };
-                    image.push(value);
+            for v in out.masks {
+                match v {
+                    Values::Exact(v) if v.len() == n => decoded.push(v),
+                    _ => return Err(mismatch(self.accelerator)),
                 }
             }
-            Ok(images)
+        }
+        if decoded.len() != residues.len() {
+            return Err(mismatch(self.accelerator));
+        }
+        let [_, _, rows, columns] = self.file.shape();
+        let all32: Vec<usize> = {
+            let (a, b) = Tile::Px32.grid(rows, columns);
+            (0..a * b).collect()
+        };
+        let any_complement = plans.iter().any(|p| p.complement);
+        // Each block's tile sums are gathered apart, so blocks go in
+        // parallel: on one thread this was the tail of every image, after
+        // the residue's decode.
+        let per_block = |block: &crate::qem::BlockInfo| -> Result<Vec<Vec<u64>>, ReduceError> {
+            let (b, verify) = (block.index, self.verify_index);
+            let mut total = vec![0u64; if any_complement { block.frames } else { 0 }];
+            if any_complement {
+                self.file
+                    .add_tile_sums(Tile::Px32, &all32, b, verify, &mut total)?;
+            }
+            plans
+                .iter()
+                .zip(decoded.chunks_exact(2))
+                .map(|(plan, residue)| {
+                    let frames = block.frame_range();
+                    let mut part = residue[0][frames.clone()].to_vec();
+                    self.file
+                        .add_tile_sums(Tile::Px32, &plan.tiles32, b, verify, &mut part)?;
+                    self.file
+                        .add_tile_sums(Tile::Px8, &plan.tiles8, b, verify, &mut part)?;
+                    for (k, (value, &less)) in part.iter_mut().zip(&residue[1][frames]).enumerate() {
+                        *value = value.checked_sub(less).ok_or_else(|| {
+                            ReduceError::Unsupported(format!(
+                                "frame {}: an 8×8 tile sum of the spatial index is below the sum of some of its pixels",
+                                block.first_frame + k
+                            ))
+                        })?;
+                    }
+                    if plan.complement {
+                        for (k, (value, &all)) in part.iter_mut().zip(&total).enumerate() {
+                            *value = all.checked_sub(*value).ok_or_else(|| {
+                                ReduceError::Unsupported(format!(
+                                    "frame {}: the spatial index total is below the sum of its parts",
+                                    block.first_frame + k
+                                ))
+                            })?;
+                        }
+                    }
+                    Ok(part)
+                })
+                .collect()
         };
         // The first block's error in file order, whichever thread met it.
         let blocks: Vec<Result<Vec<Vec<u64>>, ReduceError>> =
@@ -775,10 +822,28 @@ mod tests {
         let disk = mask([64, 64], [31.5, 31.5], Shape::Disk { radius: 30.0 });
         let plan = reducer.plan(&wanted(&disk));
         assert!(plan.tiles32.is_empty() && plan.tiles8.len() > 20);
-        assert!(plan.residue.len() < disk.len() / 2);
+        // Each 8×8 tile the disk's edge crosses decodes its pixels inside
+        // or those outside, whichever are fewer: at most half of it.
+        let inside = wanted(&disk);
+        let crossed = (0..64)
+            .filter(|&t| {
+                let (r0, c0) = (t / 8 * 8, t % 8 * 8);
+                let n = (r0..r0 + 8)
+                    .flat_map(|r| (c0..c0 + 8).map(move |c| r * 64 + c))
+                    .filter(|&p| inside[p])
+                    .count();
+                n > 0 && n < 64
+            })
+            .count();
+        assert!(!plan.plus.is_empty() && !plan.minus.is_empty());
+        assert!(
+            plan.residue() <= 32 * crossed,
+            "{} {crossed}",
+            plan.residue()
+        );
         let everything = PixelSet::new((0..4096).collect());
         let plan = reducer.plan(&wanted(&everything));
-        assert_eq!((plan.tiles32.len(), plan.residue.len()), (4, 0));
+        assert_eq!((plan.tiles32.len(), plan.residue()), (4, 0));
         let ring = mask(
             [64, 64],
             [31.5, 31.5],
