@@ -1137,7 +1137,7 @@ impl QemFile {
     /// it, instead of before it: a 64 MiB checksum block hashes on one
     /// thread, and a full validation or a file's first virtual image
     /// waited for it with the other cores idle. `work` reads an
-    /// [unverified twin](Self::unverified_twin) of this file; its value is
+    /// unverified twin of this file (`unverified_twin`); its value is
     /// returned, and the verdicts it reached are adopted, only once every
     /// block has verified. A checksum failure is the answer otherwise,
     /// whatever `work` found. With every block verified already, or one
