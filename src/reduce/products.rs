@@ -143,6 +143,20 @@ impl TilePlan {
     }
 }
 
+/// The detector pixels of tile `i` (in tile-row order) of size `tile`.
+fn tile_pixels(
+    tile: Tile,
+    i: usize,
+    rows: usize,
+    columns: usize,
+) -> impl Iterator<Item = usize> + Clone {
+    let e = tile.edge();
+    let (_, gc) = tile.grid(rows, columns);
+    let (r0, c0) = ((i / gc) * e, (i % gc) * e);
+    (r0..(r0 + e).min(rows))
+        .flat_map(move |r| (c0..(c0 + e).min(columns)).map(move |c| r * columns + c))
+}
+
 impl<'a> Reducer<'a> {
     /// A reducer for `file`; reads the float codec's saved mean-dark plane,
     /// which every product subtracts once.
@@ -337,13 +351,10 @@ impl<'a> Reducer<'a> {
         let [_, _, rows, columns] = self.file.shape();
         let mut covered = vec![false; wanted.len()];
         let mut take = |tile: Tile| -> Vec<usize> {
-            let e = tile.edge();
             let (gr, gc) = tile.grid(rows, columns);
             let mut taken = Vec::new();
             for i in 0..gr * gc {
-                let (r0, c0) = ((i / gc) * e, (i % gc) * e);
-                let pixels = (r0..(r0 + e).min(rows))
-                    .flat_map(|r| (c0..(c0 + e).min(columns)).map(move |c| r * columns + c));
+                let pixels = tile_pixels(tile, i, rows, columns);
                 let (mut any, mut all) = (false, true);
                 for p in pixels.clone() {
                     if covered[p] {
@@ -372,11 +383,8 @@ impl<'a> Reducer<'a> {
         let (mut plus, mut minus) = (Vec::new(), Vec::new());
         let (gr, gc) = Tile::Px8.grid(rows, columns);
         for i in 0..gr * gc {
-            let (r0, c0) = ((i / gc) * 8, (i % gc) * 8);
-            let pixels = (r0..(r0 + 8).min(rows))
-                .flat_map(|r| (c0..(c0 + 8).min(columns)).map(move |c| r * columns + c));
             let (mut inside, mut outside) = (Vec::new(), Vec::new());
-            for p in pixels {
+            for p in tile_pixels(Tile::Px8, i, rows, columns) {
                 if covered[p] {
                     continue;
                 }
