@@ -994,18 +994,8 @@ impl QemFile {
         verify: bool,
         out: &mut [u64],
     ) -> Result<()> {
-        let info = *self.blocks().get(block).ok_or(QemError::OutOfRange {
-            what: "block",
-            index: block,
-            limit: self.blocks().len(),
-        })?;
-        if out.len() != info.frames {
-            return Err(QemError::OutOfRange {
-                what: "tile sums output",
-                index: out.len(),
-                limit: info.frames,
-            });
-        }
+        let info = *self.block_info(block)?;
+        check_len("tile sums output", out.len(), info.frames)?;
         self.usable_index(&info, verify)?;
         let [_, _, r, c] = self.shape();
         let (gr, gc) = tile.grid(r, c);

@@ -835,9 +835,7 @@ mod tests {
         let inside = wanted(&disk);
         let crossed = (0..64)
             .filter(|&t| {
-                let (r0, c0) = (t / 8 * 8, t % 8 * 8);
-                let n = (r0..r0 + 8)
-                    .flat_map(|r| (c0..c0 + 8).map(move |c| r * 64 + c))
+                let n = tile_pixels(Tile::Px8, t, 64, 64)
                     .filter(|&p| inside[p])
                     .count();
                 n > 0 && n < 64
