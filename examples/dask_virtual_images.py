@@ -14,10 +14,12 @@ On one machine (a local cluster of worker processes):
 
 On a cluster, mount the same shared folder at the same path on every node
 (`qemfs mount /shared/data /mnt/qem` on each), start `dask scheduler` and
-the workers with the malloc settings of `worker_environment()` below (it
-says why; a local cluster gets them without asking):
+the workers with the malloc settings of `worker_environment()` and the
+threads of `THREADS_PER_WORKER` below (they say why; a local cluster gets
+them without asking):
 
-    MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 dask worker tcp://SCHEDULER:8786
+    MALLOC_MMAP_THRESHOLD_=33554432 MALLOC_TRIM_THRESHOLD_=67108864 \
+        dask worker --nthreads 2 tcp://SCHEDULER:8786
 
 then:
 
@@ -86,14 +88,21 @@ def worker_environment() -> dict:
             "MALLOC_TRIM_THRESHOLD_": 2 * HEAP_BUFFER_MAX}
 
 
-def local_cluster(workers: int) -> LocalCluster:
-    """A LocalCluster of `workers` processes, one thread each, started with
-    `worker_environment()`. These variables must be set before a worker
+# Threads per worker process. A thread reading a chunk through the mount
+# waits while the mount decodes it; a second thread meanwhile sums the chunk
+# read before, so a core is not left idle (on 2 cores, 2 workers: the sum
+# over the detector of a 537 MB acquisition 0.59 -> 0.52 s).
+THREADS_PER_WORKER = 2
+
+
+def local_cluster(workers: int, threads: int = THREADS_PER_WORKER) -> LocalCluster:
+    """A LocalCluster of `workers` processes, `threads` threads each, started
+    with `worker_environment()`. These variables must be set before a worker
     process starts, hence Dask's pre-spawn-environ and not the workers'
     `env`."""
     settings = {f"distributed.nanny.pre-spawn-environ.{k}": v for k, v in worker_environment().items()}
     with dask.config.set(settings):
-        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)
+        return LocalCluster(n_workers=workers, threads_per_worker=threads, processes=True)
 
 
 def exact_accumulator(dtype, count: int):
@@ -180,6 +189,8 @@ def main() -> int:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--scheduler", help="address of a running Dask scheduler")
     where.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
+    p.add_argument("--threads", type=int, default=THREADS_PER_WORKER,
+                   help=f"threads per local worker process (default {THREADS_PER_WORKER})")
     p.add_argument("--center", type=float, nargs=2, metavar=("ROW", "COLUMN"))
     p.add_argument("--radius", type=float)
     p.add_argument("--detectors", type=Path, metavar="JSON",
@@ -206,7 +217,7 @@ def main() -> int:
     if args.scheduler:
         client = Client(args.scheduler)
     else:
-        client = Client(local_cluster(args.workers))
+        client = Client(local_cluster(args.workers, args.threads))
     with client:
         results = compute(zarr_path, center, radius)
     for name, values in results.items():
