@@ -96,6 +96,10 @@ pub(crate) struct FrameSums {
     /// Column sums of one band (the portable path's scratch).
     band: Vec<u32>,
     path: SumPath,
+    /// Every covered pixel is valid: the vector paths multiply by a
+    /// register of ones instead of loading the weights (half the bytes
+    /// read per count).
+    uniform: bool,
 }
 
 /// How a band's tiles are summed.
@@ -157,12 +161,14 @@ impl FrameSums {
             let (y, x) = (i / c, i % c);
             bias[y / 8 * g8c + x / 8] += 32768 * w as u32;
         }
+        let uniform = weights.iter().all(|&w| w == 1);
         FrameSums {
             cols: c,
             weights,
             bias,
             band: vec![0; c],
             path,
+            uniform,
         }
     }
 
@@ -236,18 +242,30 @@ impl FrameSums {
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn add_avx512(s: &FrameSums, frames: &[u16], out: &mut [u32]) {
     let c = s.cols;
-    s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
-        band_avx512(rows, weights, c, bias, sums)
-    });
+    if s.uniform {
+        s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
+            band_avx512::<true>(rows, weights, c, bias, sums)
+        });
+    } else {
+        s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
+            band_avx512::<false>(rows, weights, c, bias, sums)
+        });
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn add_avx2(s: &FrameSums, frames: &[u16], out: &mut [u32]) {
     let c = s.cols;
-    s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
-        band_avx2(rows, weights, c, bias, sums)
-    });
+    if s.uniform {
+        s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
+            band_avx2::<true>(rows, weights, c, bias, sums)
+        });
+    } else {
+        s.each_band(frames, out, |rows, weights, bias, sums| unsafe {
+            band_avx2::<false>(rows, weights, c, bias, sums)
+        });
+    }
 }
 
 /// Tile sums of one band (`rows`: at most 8 rows of `c` counts) into
@@ -255,13 +273,21 @@ unsafe fn add_avx2(s: &FrameSums, frames: &[u16], out: &mut [u32]) {
 /// signed words, so each count is offset by -32768 (its top bit flipped),
 /// multiplied by its weight and summed in pairs; `bias` gives each tile
 /// back 32768 per valid pixel. Every partial sum lies within ±2^22: exact.
+/// `UNIFORM`: every weight is 1 (a register, not loaded).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn band_avx512(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sums: &mut [u32]) {
+unsafe fn band_avx512<const UNIFORM: bool>(
+    rows: &[u16],
+    weights: &[i16],
+    c: usize,
+    bias: &[u32],
+    sums: &mut [u32],
+) {
     use std::arch::x86_64::*;
     let h = rows.len() / c;
     assert!(weights.len() >= h * c && sums.len() == c.div_ceil(8) && bias.len() == sums.len());
     let flip = _mm512_set1_epi16(i16::MIN);
+    let ones = _mm512_set1_epi16(1);
     for x0 in (0..c).step_by(32) {
         let w = (c - x0).min(32);
         let lanes: __mmask32 = if w == 32 { !0 } else { (1 << w) - 1 };
@@ -271,7 +297,14 @@ unsafe fn band_avx512(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sum
             // SAFETY: the masked loads read `w` values from `at`, within
             // both slices (row `y < h` of `c`).
             let v = _mm512_maskz_loadu_epi16(lanes, rows.as_ptr().add(at) as *const i16);
-            let m = _mm512_maskz_loadu_epi16(lanes, weights.as_ptr().add(at));
+            // Lanes past the row's end take weight 0, as the masked
+            // load of the weights gives them (their flipped 0 would add
+            // -32768 that no bias gives back).
+            let m = if UNIFORM {
+                _mm512_maskz_mov_epi16(lanes, ones)
+            } else {
+                _mm512_maskz_loadu_epi16(lanes, weights.as_ptr().add(at))
+            };
             acc = _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_xor_si512(v, flip), m));
         }
         // Each tile is 4 lanes (pairs of columns): add them up in every
@@ -292,13 +325,21 @@ unsafe fn band_avx512(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sum
 
 /// [`band_avx512`] 16 columns at a time with AVX2 (no masked word loads:
 /// the last `c % 16` columns are summed by [`band_portable`]'s rule).
+/// `UNIFORM`: every weight is 1 (a register, not loaded).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn band_avx2(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sums: &mut [u32]) {
+unsafe fn band_avx2<const UNIFORM: bool>(
+    rows: &[u16],
+    weights: &[i16],
+    c: usize,
+    bias: &[u32],
+    sums: &mut [u32],
+) {
     use std::arch::x86_64::*;
     let h = rows.len() / c;
     assert!(weights.len() >= h * c && sums.len() == c.div_ceil(8) && bias.len() == sums.len());
     let flip = _mm256_set1_epi16(i16::MIN);
+    let ones = _mm256_set1_epi16(1);
     let full = c - c % 16;
     for x0 in (0..full).step_by(16) {
         let mut acc = _mm256_setzero_si256();
@@ -306,7 +347,11 @@ unsafe fn band_avx2(rows: &[u16], weights: &[i16], c: usize, bias: &[u32], sums:
             let at = y * c + x0;
             // SAFETY: 16 values from `at` lie within row `y` of both.
             let v = _mm256_loadu_si256(rows.as_ptr().add(at) as *const __m256i);
-            let m = _mm256_loadu_si256(weights.as_ptr().add(at) as *const __m256i);
+            let m = if UNIFORM {
+                ones
+            } else {
+                _mm256_loadu_si256(weights.as_ptr().add(at) as *const __m256i)
+            };
             acc = _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_xor_si256(v, flip), m));
         }
         let s1 = _mm256_add_epi32(acc, _mm256_shuffle_epi32::<0xB1>(acc));
@@ -487,18 +532,22 @@ mod tests {
             (9, 40),
         ];
         for path in SumPath::ALL.into_iter().filter(|p| p.available()) {
-            frame_sums_with(path, &sizes);
+            // Some pixels invalid in every band, then every pixel valid
+            // (the vector paths' weights of ones in a register).
+            frame_sums_with(path, &sizes, 0xb7);
+            frame_sums_with(path, &sizes, 0xff);
         }
     }
 
-    fn frame_sums_with(path: SumPath, sizes: &[(usize, usize)]) {
+    /// `holes`: every third byte of the valid mask's flags.
+    fn frame_sums_with(path: SumPath, sizes: &[(usize, usize)], holes: u8) {
         let mut seed = 0x1234_5678_9abc_def1u64;
         for (n, &(r, c)) in sizes.iter().enumerate() {
             let saturated = n + 1 == sizes.len();
             let m = 37;
             let p = r * c;
             let flags: String = (0..p.div_ceil(8))
-                .map(|i| format!("{:02x}", if i % 3 == 0 { 0xb7u8 } else { 0xff }))
+                .map(|i| format!("{:02x}", if i % 3 == 0 { holes } else { 0xff }))
                 .collect();
             let valid = ValidMask::parse(&flags, p).unwrap();
             let mut cols = vec![0u16; p * m];
