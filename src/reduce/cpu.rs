@@ -489,6 +489,39 @@ mod tests {
         }
     }
 
+    /// A pattern sum beyond u32: more frames of the largest count than a
+    /// u32 sum holds, with the blocks decoded several at once and the
+    /// last ones spread over the threads.
+    #[test]
+    fn pattern_sums_beyond_u32_are_exact() {
+        let frames = (1usize << 16) + 300;
+        let shape = [1, frames as u64, 1, 2];
+        let dense = vec![0xFFu8; frames * 2 * 2];
+        let spec = WriteSpec::counts(
+            shape,
+            CountDtype::U16,
+            scientific_metadata(shape, &Calibration::default()).unwrap(),
+        );
+        let file = QemFile::from_bytes(encode_to_vec(spec, &dense).unwrap()).unwrap();
+        let request = Request {
+            masks: Vec::new(),
+            moments: true,
+            pattern: true,
+            background: None,
+        };
+        let out = Cpu.reduce(&file, 0..file.blocks().len(), &request).unwrap();
+        let pattern = out.pattern.unwrap();
+        let (Values::Exact(sum), Values::Exact(max)) = (&pattern.sum, &pattern.max) else {
+            panic!("exact values expected")
+        };
+        assert_eq!(sum, &vec![frames as u64 * 65535; 2]);
+        assert_eq!(max, &vec![65535; 2]);
+        let Values::Exact(total) = &out.moments.unwrap().total else {
+            panic!("exact values expected")
+        };
+        assert_eq!(total, &vec![2 * 65535; frames]);
+    }
+
     #[test]
     fn exact_sums_equal_a_dense_reference() {
         let file = counts_file([23, 29, 10, 13], 7);
