@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 # The same mount and chunk reader as the Zarr bench (a sibling script).
-from zarr_view import Mount, read_files, read_halves
+from zarr_view import Mount, chunk_read, read_files
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
@@ -133,18 +133,11 @@ def main():
         finally:
             m.close()
 
-        m = Mount(src, args.cache_size)
-        try:
-            chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
-            cpu = m.cpu_s()
-            n, chunks_s, readers = read_halves(chunks)
-            cpu = m.cpu_s() - cpu
-            print(f"every data.zarr chunk, 2 processes: {chunks_s:.3f} s, {n / chunks_s / 1e6:.0f} MB/s "
-                  f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {len(chunks)} chunks; "
-                  f"CPU: daemon {cpu:.2f} s, readers {readers:.2f} s; "
-                  f"daemon peak RSS {m.hwm_mib():.0f} MiB  [{load()}]")
-        finally:
-            m.close()
+        n, chunks_s, chunks, cpu, readers, rss = chunk_read(src, args.cache_size)
+        print(f"every data.zarr chunk, 2 processes: {chunks_s:.3f} s, {n / chunks_s / 1e6:.0f} MB/s "
+              f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {chunks} chunks; "
+              f"CPU: daemon {cpu:.2f} s, readers {readers:.2f} s; "
+              f"daemon peak RSS {rss:.0f} MiB  [{load()}]")
         if args.skip_dask:
             return
 

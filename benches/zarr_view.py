@@ -92,6 +92,20 @@ def read_halves(chunks):
     return sum(n for n, _ in done), time.perf_counter() - t, sum(c for _, c in done)
 
 
+def chunk_read(src: Path, cache_mib: int):
+    """Every chunk of `data.zarr/data` of `src`'s scan.qem read by 2
+    processes on a fresh mount: (bytes, seconds, chunks, daemon CPU
+    seconds, readers' CPU seconds, daemon peak RSS in MiB)."""
+    m = Mount(src, cache_mib)
+    try:
+        chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
+        cpu = m.cpu_s()
+        n, s, readers = read_halves(chunks)
+        return n, s, len(chunks), m.cpu_s() - cpu, readers, m.hwm_mib()
+    finally:
+        m.close()
+
+
 class Mount:
     def __init__(self, src: Path, cache_mib: int):
         self.mnt = Path(tempfile.mkdtemp(prefix="qemfs-bench-"))
@@ -212,19 +226,12 @@ def main():
         if os.geteuid() == 0 and Path("/dev/fuse").exists():
             reads = []
             for _ in range(args.runs):
-                m = Mount(src, args.cache_size)
-                try:
-                    chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
-                    cpu = m.cpu_s()
-                    n, s, readers = read_halves(chunks)
-                    cpu = m.cpu_s() - cpu
-                    reads.append(s)
-                    if s == min(reads):
-                        line = (f"{n / s / 1e6:.0f} MB/s ({cat_s / s * 100:.0f}% of qem cat's rate), "
-                                f"{len(chunks)} chunks; CPU: daemon {cpu:.2f} s, readers "
-                                f"{readers:.2f} s; peak RSS {m.hwm_mib():.0f} MiB")
-                finally:
-                    m.close()
+                n, s, chunks, cpu, readers, rss = chunk_read(src, args.cache_size)
+                reads.append(s)
+                if s == min(reads):
+                    line = (f"{n / s / 1e6:.0f} MB/s ({cat_s / s * 100:.0f}% of qem cat's rate), "
+                            f"{chunks} chunks; CPU: daemon {cpu:.2f} s, readers "
+                            f"{readers:.2f} s; peak RSS {rss:.0f} MiB")
             chunks_s = min(reads)
             print(f"every data.zarr chunk through the mount (a fresh mount each), 2 processes: "
                   f"fastest of {args.runs} {chunks_s:.3f} s (all: "
