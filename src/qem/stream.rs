@@ -6,10 +6,14 @@
 use super::error::StreamFault;
 use super::rans;
 
-pub(crate) const SPARSE: u8 = 252;
-pub(crate) const ZEROS: u8 = 253;
-pub(crate) const LITERAL: u8 = 254;
-pub(crate) const CONSTANT: u8 = 255;
+/// Selector of a stream of (position, value) events for values 1..=128.
+pub const SPARSE: u8 = 252;
+/// Selector of a stream holding only zeros (no bytes).
+pub const ZEROS: u8 = 253;
+/// Selector of a stream stored verbatim (`m` u16).
+pub const LITERAL: u8 = 254;
+/// Selector of a stream holding one repeated value (one u16).
+pub const CONSTANT: u8 = 255;
 /// rANS selectors are `0..RANS_TABLES`.
 pub(crate) const RANS_TABLES: u8 = 64;
 

@@ -12,14 +12,7 @@ use super::rans::{self, Scratch};
 use super::ModelChoice;
 use crate::qem::tables::{ESCAPE, FREQUENCIES, SYMBOLS, TABLES};
 
-/// Selector of a stream holding only zeros (no bytes).
-pub const ZEROS: u8 = 253;
-/// Selector of a stream holding one repeated value (one u16).
-pub const CONSTANT: u8 = 255;
-/// Selector of a stream stored verbatim (`m` u16).
-pub const LITERAL: u8 = 254;
-/// Selector of a stream of (position, value) events for values 1..=128.
-pub const SPARSE: u8 = 252;
+pub use crate::qem::stream::{CONSTANT, LITERAL, SPARSE, ZEROS};
 
 /// Largest value the sparse form can carry (7-bit value field, offset by one).
 const SPARSE_MAX: u16 = 128;
