@@ -506,6 +506,37 @@ mod tests {
         assert_eq!(two, [u32::MAX, 7]);
     }
 
+    /// Every width, values packed bit by bit as the spec lays them out,
+    /// read back from several first values (the window reads of a block's
+    /// frames), up to the stream's last word.
+    #[test]
+    fn unpack_reads_what_was_packed() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        for width in 1..=32u32 {
+            let values: Vec<u32> = (0..101)
+                .map(|_| {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    (seed & ((1u64 << width) - 1)) as u32
+                })
+                .collect();
+            let mut words = vec![0u32; (values.len() * width as usize).div_ceil(32)];
+            for (k, &v) in values.iter().enumerate() {
+                for b in 0..width as usize {
+                    let bit = k * width as usize + b;
+                    words[bit / 32] |= ((v >> b) & 1) << (bit % 32);
+                }
+            }
+            let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            for k0 in [0, 1, 37, 95, 100] {
+                let mut out = vec![u32::MAX; values.len() - k0];
+                unpack_from(&bytes, width, k0, &mut out);
+                assert_eq!(out, values[k0..], "width {width}, from {k0}");
+            }
+        }
+    }
+
     /// The slab-wise sums from frame-major frames equal the column-wise
     /// sums, through every path this CPU runs, with invalid pixels,
     /// detectors that are not multiples of 8, 16 or 32, and counts at the
