@@ -2,7 +2,9 @@
 //! program (`harness = false`).
 //!
 //! Run: `cargo bench --bench reduce` (optionally `-- SCANS_SIDE DET_SIDE`,
-//! default 64 and 128). Input: a synthetic low-dose uint16 acquisition
+//! default 64 and 128, or `-- FILE.qem` to time an existing uint16 counts
+//! file, such as the one `qem_decode -- 128` writes with
+//! `QEM_BENCH_FILE`). Input otherwise: a synthetic low-dose uint16 acquisition
 //! (Poisson counts, a bright disk of radius 0.16 × detector that moves
 //! slightly with the scan, a weak diffuse halo), written in memory with the
 //! library's writer. Each figure is the best of three runs.
@@ -58,30 +60,38 @@ fn best<T>(mut f: impl FnMut() -> T) -> (Duration, T) {
 }
 
 fn main() {
+    let given = std::env::args().skip(1).find(|a| a.ends_with(".qem"));
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let scan = args.first().copied().unwrap_or(64);
-    let det = args.get(1).copied().unwrap_or(128);
-    let shape = [scan as u64, scan as u64, det as u64, det as u64];
-    let dense = acquisition(scan, det);
-    let spec = WriteSpec::counts(
-        shape,
-        CountDtype::U16,
-        scientific_metadata(shape, &Calibration::default()).expect("metadata"),
-    );
-    let file = QemFile::from_bytes(encode_to_vec(spec, &dense).expect("writes")).expect("opens");
-    let samples = (scan * scan * det * det) as f64;
+    let file = match &given {
+        Some(path) => QemFile::open(path).expect("opens the given file"),
+        None => {
+            let scan = args.first().copied().unwrap_or(64);
+            let det = args.get(1).copied().unwrap_or(128);
+            let shape = [scan as u64, scan as u64, det as u64, det as u64];
+            let spec = WriteSpec::counts(
+                shape,
+                CountDtype::U16,
+                scientific_metadata(shape, &Calibration::default()).expect("metadata"),
+            );
+            let dense = acquisition(scan, det);
+            QemFile::from_bytes(encode_to_vec(spec, &dense).expect("writes")).expect("opens")
+        }
+    };
+    let [scan_r, scan_c, det, det_c] = file.shape();
+    let samples = (scan_r * scan_c * det * det_c) as f64;
     println!(
-        "{scan}x{scan} scans x {det}x{det} uint16 ({:.0} MB decoded), {} threads",
-        dense.len() as f64 / 1e6,
+        "{} {scan_r}x{scan_c} scans x {det}x{det_c} uint16 ({:.0} MB decoded), {} threads",
+        given.as_deref().unwrap_or("synthetic"),
+        samples * 2.0 / 1e6,
         rayon::current_num_threads()
     );
     let reducer = Reducer::new(&file, &Cpu).expect("reducer");
 
     let (t, _) = best(|| {
-        let mut out = vec![0u8; dense.len()];
+        let mut out = vec![0u8; samples as usize * 2];
         file.read_all(&mut out).expect("decodes");
     });
     println!(
@@ -111,8 +121,8 @@ fn main() {
         t.as_secs_f64() * 1e3
     );
     let small = mask(
-        [det, det],
-        [det as f64 * 0.3, det as f64 * 0.6],
+        [det, det_c],
+        [det as f64 * 0.3, det_c as f64 * 0.6],
         Shape::Disk { radius: 4.0 },
     );
     let (t, _) = best(|| reducer.images(std::slice::from_ref(&small)).expect("disk"));
@@ -128,7 +138,7 @@ fn main() {
         bf.len(),
         t.as_secs_f64() * 1e3
     );
-    let point = PixelSet::new(vec![(det / 2 * det + det / 3) as u32]);
+    let point = PixelSet::new(vec![(det / 2 * det_c + det_c / 3) as u32]);
     let (t, _) = best(|| reducer.images(std::slice::from_ref(&point)).expect("point"));
     println!(
         "point detector                   {:8.1} ms",

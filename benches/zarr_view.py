@@ -11,7 +11,7 @@ fastest run reported with all the runs' times (single runs on 2 shared
 cores vary by 10-20%):
 
 1. `qem cat FILE data.npy > /dev/null`: the whole array decoded and written
-   out, the reference rate;
+   out, the reference rate; and `qem validate FILE` (full) beside it;
 2. every chunk of `data.zarr/data` read through the mount by 2 processes;
 3. the sum over the detector with Dask on a LocalCluster of 2 worker
    processes reading `data.zarr` through the mount, with the
@@ -222,6 +222,14 @@ def main():
         cat_s = min(cats)
         print(f"qem cat data.npy > /dev/null: fastest of {args.runs} {cat_s:.3f} s "
               f"(all: {', '.join(f'{x:.3f}' for x in cats)}), {dense / cat_s / 1e6:.0f} MB/s")
+
+        checks = []
+        for _ in range(args.runs):
+            t = time.perf_counter()
+            subprocess.run([BIN / "qem", "validate", qem], stdout=subprocess.DEVNULL, check=True)
+            checks.append(time.perf_counter() - t)
+        print(f"qem validate: fastest of {args.runs} {min(checks):.3f} s "
+              f"(all: {', '.join(f'{x:.3f}' for x in checks)})")
 
         if os.geteuid() == 0 and Path("/dev/fuse").exists():
             reads = []
