@@ -5,13 +5,15 @@
 //! The block's streams are decoded frame-major by lane groups (see
 //! [`frame_major`]) in *parts*: whole 8-row bands of the detector, about
 //! [`PART_PIXELS`] pixels each, decoded in parallel a slab of frames at a
-//! time. While a slab is in cache it is converted into the output rows
-//! (u8 narrowing, the scaled codec's calibration, float lanes, which are
-//! already the little-endian float32 bits) and, for the integer codec,
-//! summed into 8×8 tiles for the block's spatial index check, once per
-//! block (see `QemFile::block_index`). A caller that decodes many blocks
-//! at once asks for one part per block instead, which writes u16 rows
-//! straight into its output.
+//! time. Values that need no conversion (u16 counts, codes, float lanes,
+//! which are already the little-endian float32 bits) are written straight
+//! into the output: each part into its columns of every output frame.
+//! Others go through a slab that, while in cache, is converted into the
+//! output rows (u8 narrowing, the scaled codec's calibration). Either way,
+//! for the integer codec, the decoded rows are summed into 8×8 tiles for
+//! the block's spatial index check, once per block (see
+//! `QemFile::block_index`). A caller that decodes many blocks at once asks
+//! for one part per block instead.
 //!
 //! The kernels prove valid streams valid and nothing else: when a part
 //! refuses (some stream does not decode cleanly, or a uint8 count exceeds
@@ -54,8 +56,8 @@ pub(crate) type Visitor<'a> = dyn Fn(Range<usize>, usize, &[u16]) + Sync + 'a;
 /// slab, which stays in a core's L2 cache while it is converted and summed,
 /// and a 128×128 detector is 4 parts. (Parts of 1024 pixels spread better
 /// but cost more: a sequential `data.npy` read through the mount took
-/// 0.64 s of daemon CPU with them, 0.59–0.61 s with these, about as much
-/// as with one part per block written straight into the output.)
+/// 0.64 s of daemon CPU with them, 0.59–0.61 s with these, when parts
+/// still went through a slab.)
 const PART_PIXELS: usize = 4096;
 
 /// How the decoded u16 stream values of one frame become output bytes.
@@ -303,11 +305,10 @@ impl BlockCursor {
         let kernel = self.kernel;
         let reference = self.reference;
         let m = info.frames;
-        // Whole u16 rows with nothing to convert go straight to the output.
-        let direct = self.parts.len() == 1
-            && !reference
-            && matches!(convert, Convert::Copy)
-            && *out_frames == (t_start..end);
+        // Whole u16 rows with nothing to convert go straight to the output:
+        // one part into whole rows, several each into its columns of them.
+        let direct =
+            !reference && matches!(convert, Convert::Copy) && *out_frames == (t_start..end);
         let visit = match output {
             Output::Visit(visit) => Some(*visit),
             _ => None,
@@ -315,7 +316,7 @@ impl BlockCursor {
         let mut segments: Vec<Vec<&mut [u8]>> = self.parts.iter().map(|_| Vec::new()).collect();
         let mut whole: Option<&mut [u8]> = None;
         if let Output::Values(out) | Output::Codes(out) = output {
-            if direct {
+            if direct && self.parts.len() == 1 {
                 whole = Some(&mut **out);
             } else {
                 for row in out.chunks_exact_mut(row_bytes) {
@@ -330,14 +331,20 @@ impl BlockCursor {
         }
         // One part: its 8×8 tile sums of frames `next..end` (frame-major)
         // when it decoded cleanly, else `None`. Into `whole` (every row of
-        // the window) or into `segs` (its columns of each output row)
-        // through a slab.
+        // the window) or into `segs` (its columns of each output row),
+        // straight when `direct`, else through a slab.
         let decode_part = |rows: &Range<usize>,
                            cursor: &mut Option<Cursor>,
                            sums: &mut Option<FrameSums>,
                            whole: Option<&mut [u8]>,
-                           mut segs: Vec<&mut [u8]>|
+                           segs: Vec<&mut [u8]>|
          -> Option<Vec<u32>> {
+            // Written in place, or filled by `on_slab` from the slab.
+            let (frames, mut segs) = if direct && whole.is_none() && !segs.is_empty() {
+                (Some(segs), Vec::new())
+            } else {
+                (None, segs)
+            };
             let (p0, w) = (rows.start * c, rows.len() * c);
             let part = rows.clone();
             let ws = spp * w;
@@ -365,18 +372,21 @@ impl BlockCursor {
                 }
             };
             let s0 = first + spp * p0;
-            let done = match (cursor.as_mut(), whole) {
-                (Some(cursor), Some(out)) => {
+            let done = match (cursor.as_mut(), whole, frames) {
+                (Some(cursor), Some(out), _) => {
                     cursor.advance(table, kernel, n, Rows::Whole(out), on_slab)
                 }
-                (Some(cursor), None) => {
+                (Some(cursor), None, Some(frames)) => {
+                    cursor.advance(table, kernel, n, Rows::Frames(frames), on_slab)
+                }
+                (Some(cursor), None, None) => {
                     let mut slab = vec![0u16; ws * SLAB.min(n)];
                     let rows = Rows::Slab(bytemuck::cast_slice_mut(&mut slab));
                     cursor.advance(table, kernel, n, rows, on_slab)
                 }
                 // The reference decoder: the part's whole columns, handed
                 // on a slab at a time.
-                (None, _) => {
+                (None, ..) => {
                     let mut cols = vec![0u16; ws * m];
                     let decoded = table.decode_range(s0, m, &mut cols);
                     let mut slab = vec![0u16; ws * SLAB.min(n)];

@@ -163,12 +163,16 @@ impl Group {
         self.within() && self.pos == self.end && self.x.iter().all(|&x| x == STATE_LOWER)
     }
 
-    /// Runs `n` steps of every lane with `kernel`, writing the values of
-    /// step t as little-endian u16 to `rows[2 * t * stride..][..2 * LANES]`.
-    /// Each lane must have `STEP_BYTES * n + WINDOW` bytes of `buf` from
-    /// its position on and `buf.len() <= i32::MAX` (asserted; that is what
-    /// makes the kernels' unchecked reads sound).
-    pub fn run(&mut self, kernel: Kernel, buf: &[u8], rows: &mut [u8], stride: usize, n: usize) {
+    /// Runs one step of every lane per row of `rows` with `kernel`,
+    /// writing the values of step t as little-endian u16 to
+    /// `rows[t][at..at + 2 * LANES]`. The rows are separate slices, so a
+    /// part of the detector decodes straight into its columns of each
+    /// output frame beside the other parts. Each lane must have
+    /// `STEP_BYTES * n + WINDOW` bytes of `buf` from its position on and
+    /// `buf.len() <= i32::MAX` (asserted; that is what makes the kernels'
+    /// unchecked reads sound).
+    pub fn run(&mut self, kernel: Kernel, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
+        let n = rows.len();
         if n == 0 {
             return;
         }
@@ -177,31 +181,30 @@ impl Group {
         let far = self.pos.iter().fold(0, |far, &p| far.max(p));
         assert!(far as usize + reach <= buf.len(), "lane buffer too short");
         assert!(
-            stride >= LANES && rows.len() >= 2 * ((n - 1) * stride + LANES),
+            rows.iter().all(|row| row.len() >= at + 2 * LANES),
             "row output too small"
         );
         assert!(kernel.available(), "{} kernel not available", kernel.name());
         match kernel {
-            Kernel::Portable => self.run_portable(buf, rows, stride, n),
+            Kernel::Portable => self.run_portable(buf, rows, at),
             // SAFETY: the feature is present (asserted), every read stays
-            // within `buf` and every store within `rows` (asserted above).
+            // within `buf` and every store within its row (asserted above).
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2 => unsafe { x86::avx2(self, buf, rows, stride, n) },
+            Kernel::Avx2 => unsafe { x86::avx2(self, buf, rows, at) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { x86::avx512(self, buf, rows, stride, n) },
+            Kernel::Avx512 => unsafe { x86::avx512(self, buf, rows, at) },
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Vbmi2 => unsafe { x86::avx512_vbmi2(self, buf, rows, stride, n) },
+            Kernel::Avx512Vbmi2 => unsafe { x86::avx512_vbmi2(self, buf, rows, at) },
 
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("checked available"),
         }
     }
 
-    fn run_portable(&mut self, buf: &[u8], rows: &mut [u8], stride: usize, n: usize) {
+    fn run_portable(&mut self, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
         let tables = all_slot_tables();
-        for t in 0..n {
-            let row = &mut rows[2 * t * stride..2 * (t * stride + LANES)];
-            for (j, out) in row.chunks_exact_mut(2).enumerate() {
+        for row in rows.iter_mut() {
+            for (j, out) in row[at..at + 2 * LANES].chunks_exact_mut(2).enumerate() {
                 let table = &tables[(self.base[j] >> SCALE_BITS) as usize];
                 let (x, i, v) = step(table, buf, self.x[j], self.pos[j] as usize);
                 self.x[j] = x;
@@ -224,21 +227,15 @@ mod x86 {
 
     /// # Safety
     /// AVX-512 F, BW and CD present; for every lane `pos + 4n + 4 <=
-    /// buf.len() <= i32::MAX`; `rows` holds `2 * ((n - 1) * stride +
-    /// LANES)` bytes.
+    /// buf.len() <= i32::MAX` (`n = rows.len()`); every row holds
+    /// `at + 2 * LANES` bytes.
     ///
     /// Branch-free: every step gathers each lane's table entry and the 4
     /// stream bytes at its position (renormalisation bytes, then the escape
     /// word), with four independent registers of 16 lanes in flight.
     #[target_feature(enable = "avx512f,avx512bw,avx512cd")]
-    pub(super) unsafe fn avx512(
-        g: &mut Group,
-        buf: &[u8],
-        rows: &mut [u8],
-        stride: usize,
-        n: usize,
-    ) {
-        avx512_steps::<false>(g, buf, rows, stride, n)
+    pub(super) unsafe fn avx512(g: &mut Group, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
+        avx512_steps::<false>(g, buf, rows, at)
     }
 
     /// # Safety
@@ -247,11 +244,10 @@ mod x86 {
     pub(super) unsafe fn avx512_vbmi2(
         g: &mut Group,
         buf: &[u8],
-        rows: &mut [u8],
-        stride: usize,
-        n: usize,
+        rows: &mut [&mut [u8]],
+        at: usize,
     ) {
-        avx512_steps::<true>(g, buf, rows, stride, n)
+        avx512_steps::<true>(g, buf, rows, at)
     }
 
     /// The steps of [`avx512`]; `VBMI2`: the state takes its bytes in by
@@ -261,9 +257,8 @@ mod x86 {
     unsafe fn avx512_steps<const VBMI2: bool>(
         g: &mut Group,
         buf: &[u8],
-        rows: &mut [u8],
-        stride: usize,
-        n: usize,
+        rows: &mut [&mut [u8]],
+        at: usize,
     ) {
         const V: usize = LANES / 16;
         let table = all_slot_tables().as_ptr() as *const i32;
@@ -291,7 +286,7 @@ mod x86 {
             62, 60, 58, 56, 54, 52, 50, 48, 46, 44, 42, 40, 38, 36, 34, 32, 30, 28, 26, 24, 22, 20,
             18, 16, 14, 12, 10, 8, 6, 4, 2, 0,
         );
-        for t in 0..n {
+        for out in rows.iter_mut() {
             let mut vals = [z; V];
             for v in 0..V {
                 // (x & 1023) | table * 1024: the bits do not overlap.
@@ -329,7 +324,7 @@ mod x86 {
                 let used = _mm512_mask_add_epi32(sh, esc, sh, c16);
                 vp[v] = _mm512_add_epi32(vp[v], _mm512_srli_epi32::<3>(used));
             }
-            let row = rows.as_mut_ptr().add(2 * t * stride);
+            let row = out.as_mut_ptr().add(at);
             for h in 0..V / 2 {
                 let packed = _mm512_permutex2var_epi16(vals[2 * h], evens, vals[2 * h + 1]);
                 _mm512_storeu_si512(row.add(64 * h) as *mut __m512i, packed);
@@ -347,21 +342,14 @@ mod x86 {
     /// The same branch-free steps in two passes of 32 lanes (four 8-lane
     /// registers each: AVX2 has 16 registers).
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn avx2(g: &mut Group, buf: &[u8], rows: &mut [u8], stride: usize, n: usize) {
+    pub(super) unsafe fn avx2(g: &mut Group, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
         for o in (0..LANES).step_by(HALF) {
-            avx2_half(g, o, buf, rows, stride, n);
+            avx2_half(g, o, buf, rows, at);
         }
     }
 
     #[target_feature(enable = "avx2")]
-    unsafe fn avx2_half(
-        g: &mut Group,
-        o: usize,
-        buf: &[u8],
-        rows: &mut [u8],
-        stride: usize,
-        n: usize,
-    ) {
+    unsafe fn avx2_half(g: &mut Group, o: usize, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
         const V: usize = HALF / 8;
         let table = all_slot_tables().as_ptr() as *const i32;
         let bytes = buf.as_ptr() as *const i32;
@@ -385,7 +373,7 @@ mod x86 {
             3, 2, 1, 0, 7, 6, 5, 4, 11, 10, 9, 8, 15, 14, 13, 12, 3, 2, 1, 0, 7, 6, 5, 4, 11, 10,
             9, 8, 15, 14, 13, 12,
         );
-        for t in 0..n {
+        for out in rows.iter_mut() {
             let mut vals = [z; V];
             for v in 0..V {
                 let idx = _mm256_or_si256(_mm256_and_si256(vx[v], mask), base[v]);
@@ -419,7 +407,7 @@ mod x86 {
                     _mm256_add_epi32(_mm256_srli_epi32::<3>(sh), _mm256_and_si256(esc, c2)),
                 );
             }
-            let row = rows.as_mut_ptr().add(2 * (t * stride + o));
+            let row = out.as_mut_ptr().add(at + 2 * o);
             for h in 0..V / 2 {
                 let packed = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi32(
                     vals[2 * h],
