@@ -117,87 +117,122 @@ impl Patterns {
 
 /// [`reduce_line`] compiled for the widest vectors the CPU has (the
 /// crate's baseline, SSE2, held the loop to 4 values at a time).
-type LineFn = fn(&[u16], &[u16], &mut [u32], &mut [u32], &mut [u16]) -> u64;
+type LineFn = fn(&[u16], &[u16], &mut [u32]) -> u64;
+
+/// [`add_pattern`] compiled likewise.
+type PatternFn = fn(&[u16], &[u16], &mut [u32], &mut [u16]);
+
+fn pattern_fn() -> PatternFn {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn avx512(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
+            add_pattern(v, m, s, x)
+        }
+        #[target_feature(enable = "avx2")]
+        fn avx2(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
+            add_pattern(v, m, s, x)
+        }
+        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
+            // SAFETY: the features were detected just above.
+            return |v, m, s, x| unsafe { avx512(v, m, s, x) };
+        }
+        if is_x86_feature_detected!("avx2") {
+            // SAFETY: the feature was detected just above.
+            return |v, m, s, x| unsafe { avx2(v, m, s, x) };
+        }
+    }
+    add_pattern
+}
+
+/// Pixels of the pattern [`add_pattern`] holds in registers while it adds
+/// a slab's frames.
+const PATTERN_RUN: usize = 64;
+
+/// Every frame of `frames` (each `mask.len()` pixels), `values & mask`,
+/// added to `sum` and `max`: a run of pixels at a time, over every frame
+/// of the slab, so that the pattern is read and written once per slab
+/// rather than once per frame (where its stores, a whole detector's worth
+/// per frame, were the reduction's largest cost).
+#[inline(always)]
+fn add_pattern(frames: &[u16], mask: &[u16], sum: &mut [u32], max: &mut [u16]) {
+    let w = mask.len();
+    for x0 in (0..w).step_by(PATTERN_RUN) {
+        let n = PATTERN_RUN.min(w - x0);
+        let (sum, max, mask) = (
+            &mut sum[x0..x0 + n],
+            &mut max[x0..x0 + n],
+            &mask[x0..x0 + n],
+        );
+        if n == PATTERN_RUN {
+            // A run of constant length: the compiler keeps it in registers.
+            let (mut s, mut top) = ([0u32; PATTERN_RUN], [0u16; PATTERN_RUN]);
+            let mask = &mask[..PATTERN_RUN];
+            s.copy_from_slice(sum);
+            top.copy_from_slice(max);
+            for frame in frames.chunks_exact(w) {
+                let v = &frame[x0..x0 + PATTERN_RUN];
+                for i in 0..PATTERN_RUN {
+                    let v = v[i] & mask[i];
+                    s[i] += u32::from(v);
+                    top[i] = top[i].max(v);
+                }
+            }
+            sum.copy_from_slice(&s);
+            max.copy_from_slice(&top);
+        } else {
+            for frame in frames.chunks_exact(w) {
+                for (((&v, &m), s), top) in frame[x0..x0 + n]
+                    .iter()
+                    .zip(mask)
+                    .zip(&mut *sum)
+                    .zip(&mut *max)
+                {
+                    let v = v & m;
+                    *s += u32::from(v);
+                    *top = (*top).max(v);
+                }
+            }
+        }
+    }
+}
 
 fn line_fn() -> LineFn {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn avx512(v: &[u16], m: &[u16], c: &mut [u32], s: &mut [u32], x: &mut [u16]) -> u64 {
-            reduce_line(v, m, c, s, x)
+        fn avx512(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
+            reduce_line(v, m, c)
         }
         #[target_feature(enable = "avx2")]
-        fn avx2(v: &[u16], m: &[u16], c: &mut [u32], s: &mut [u32], x: &mut [u16]) -> u64 {
-            reduce_line(v, m, c, s, x)
+        fn avx2(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
+            reduce_line(v, m, c)
         }
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
             // SAFETY: the features were detected just above.
-            return |v, m, c, s, x| unsafe { avx512(v, m, c, s, x) };
+            return |v, m, c| unsafe { avx512(v, m, c) };
         }
         if is_x86_feature_detected!("avx2") {
             // SAFETY: the feature was detected just above.
-            return |v, m, c, s, x| unsafe { avx2(v, m, c, s, x) };
+            return |v, m, c| unsafe { avx2(v, m, c) };
         }
     }
     reduce_line
 }
 
 /// One detector row of one frame, `values & mask`: added to `columns`
-/// (column sums) and to `sum` and `max` (the pattern) where those are not
-/// empty; returns the row's sum. One pass, which the compiler vectorises,
-/// in u32 over pieces too short to overflow.
+/// (column sums); returns the row's sum. One pass, which the compiler
+/// vectorises, in u32 over pieces too short to overflow.
 #[inline(always)]
-fn reduce_line(
-    values: &[u16],
-    mask: &[u16],
-    columns: &mut [u32],
-    sum: &mut [u32],
-    max: &mut [u16],
-) -> u64 {
+fn reduce_line(values: &[u16], mask: &[u16], columns: &mut [u32]) -> u64 {
     let mut total = 0u64;
     for (i, (values, mask)) in values.chunks(1 << 16).zip(mask.chunks(1 << 16)).enumerate() {
         let span = i << 16..(i << 16) + values.len();
         let mut s = 0u32;
-        match (columns.is_empty(), sum.is_empty()) {
-            (false, false) => {
-                let (columns, sum, max) = (
-                    &mut columns[span.clone()],
-                    &mut sum[span.clone()],
-                    &mut max[span],
-                );
-                for ((((&v, &m), col), s_p), m_p) in
-                    values.iter().zip(mask).zip(columns).zip(sum).zip(max)
-                {
-                    let v = v & m;
-                    s += u32::from(v);
-                    *col += u32::from(v);
-                    *s_p += u32::from(v);
-                    *m_p = (*m_p).max(v);
-                }
-            }
-            (false, true) => {
-                for ((&v, &m), col) in values.iter().zip(mask).zip(&mut columns[span]) {
-                    let v = v & m;
-                    s += u32::from(v);
-                    *col += u32::from(v);
-                }
-            }
-            (true, false) => {
-                let (sum, max) = (&mut sum[span.clone()], &mut max[span]);
-                for (((&v, &m), s_p), m_p) in values.iter().zip(mask).zip(sum).zip(max) {
-                    let v = v & m;
-                    s += u32::from(v);
-                    *s_p += u32::from(v);
-                    *m_p = (*m_p).max(v);
-                }
-            }
-            (true, true) => {
-                s = values
-                    .iter()
-                    .zip(mask)
-                    .map(|(&v, &m)| u32::from(v & m))
-                    .sum()
-            }
+        for ((&v, &m), col) in values.iter().zip(mask).zip(&mut columns[span]) {
+            let v = v & m;
+            s += u32::from(v);
+            *col += u32::from(v);
         }
         total += u64::from(s);
     }
@@ -239,6 +274,7 @@ fn block_sums(
     // from `patterns`, its moments then added to the block's under the
     // lock (a few values per frame).
     let reduce_line = line_fn();
+    let add_pattern = pattern_fn();
     let visit = |rows: Range<usize>, t0: usize, values: &[u16]| {
         let (p0, w) = (rows.start * c, rows.len() * c);
         if w == 0 {
@@ -248,44 +284,34 @@ fn block_sums(
         let k = values.len() / w;
         // Slabs are a few frames (`frame_major::SLAB`): u32 pattern sums.
         debug_assert!(k <= 1 << 16);
-        let mut frame_moments = Vec::with_capacity(if moments { k } else { 0 });
-        let mut columns = vec![0u32; if moments { c } else { 0 }];
-        let mut taken = pattern.then(|| patterns.take(k));
-        let (sum, max) = match &mut taken {
-            Some(p) => (&mut p.sum[p0..p0 + w], &mut p.max[p0..p0 + w]),
-            None => (&mut [][..], &mut [][..]),
-        };
+        if pattern {
+            let mut p = patterns.take(k);
+            add_pattern(values, mask, &mut p.sum[p0..p0 + w], &mut p.max[p0..p0 + w]);
+            p.frames += k;
+            patterns.put(p);
+        }
+        if !moments {
+            return;
+        }
+        let mut frame_moments = Vec::with_capacity(k);
+        let mut columns = vec![0u32; c];
         for frame in values.chunks_exact(w) {
             // Σ I and Σ row·I from each detector row's sum, Σ column·I from
             // column sums, in u32 over bands of at most 65,536 rows.
             let (mut total, mut by_row, mut by_column) = (0u64, 0u64, 0u64);
             columns.fill(0);
             for (line_no, r) in rows.clone().enumerate() {
-                if moments && line_no > 0 && line_no % (1 << 16) == 0 {
+                if line_no > 0 && line_no % (1 << 16) == 0 {
                     by_column += weighted(&columns);
                     columns.fill(0);
                 }
                 let at = line_no * c..(line_no + 1) * c;
-                let (line, line_mask) = (&frame[at.clone()], &mask[at.clone()]);
-                // `columns` is empty without moments, the pattern's slices
-                // without a pattern: `reduce_line` skips what is empty.
-                let (sum, max) = if pattern {
-                    (&mut sum[at.clone()], &mut max[at])
-                } else {
-                    (&mut [][..], &mut [][..])
-                };
-                let s = reduce_line(line, line_mask, &mut columns, sum, max);
+                let s = reduce_line(&frame[at.clone()], &mask[at], &mut columns);
                 total += s;
                 by_row += r as u64 * s;
             }
-            if moments {
-                by_column += weighted(&columns);
-                frame_moments.push((total, by_row, by_column));
-            }
-        }
-        if let Some(mut p) = taken {
-            p.frames += k;
-            patterns.put(p);
+            by_column += weighted(&columns);
+            frame_moments.push((total, by_row, by_column));
         }
         let Ok(mut acc) = acc.lock() else { return };
         for (t, (total, by_row, by_column)) in (t0..).zip(frame_moments) {
