@@ -245,6 +245,12 @@ fn main() {
             let whole = best(3, || qem.read_all(&mut out).unwrap());
             assert!(out == dense_bytes, "decoded array differs from the source");
             let block = best(5, || drop(qem.decode_block(0).unwrap()));
+            // Into a buffer decoded into before: the decode alone, without
+            // the fresh buffer's page faults (its parts write straight
+            // into their columns of each frame).
+            let mut reused = vec![0u8; block_bytes];
+            qem.decode_block_into(0, &mut reused).unwrap();
+            let into = best(5, || qem.decode_block_into(0, &mut reused).unwrap());
             let mut frame = vec![0u8; qem.frame_bytes()];
             let cold = best(5, || qem.read_frame(7, &mut frame).unwrap());
             // Thread CPU time covers only the calling thread: shown for one.
@@ -263,6 +269,10 @@ fn main() {
             println!(
                 "  one block (512 scans)  {}",
                 show(m * p, block_bytes, block)
+            );
+            println!(
+                "  one block, reused out  {}",
+                show(m * p, block_bytes, into)
             );
             println!(
                 "  one frame, cold block  {}",
