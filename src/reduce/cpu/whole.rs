@@ -115,34 +115,54 @@ impl Patterns {
     }
 }
 
-/// [`reduce_line`] compiled for the widest vectors the CPU has (the
-/// crate's baseline, SSE2, held the loop to 4 values at a time).
-type LineFn = fn(&[u16], &[u16], &mut [u32]) -> u64;
+/// The two slab loops, [`reduce_line`] and [`add_pattern`], compiled for
+/// the widest vectors the CPU has (the crate's baseline, SSE2, held the
+/// loops to 4 values at a time), chosen once.
+struct SlabFns {
+    line: fn(&[u16], &[u16], &mut [u32]) -> u64,
+    pattern: PatternFn,
+}
 
-/// [`add_pattern`] compiled likewise.
 type PatternFn = fn(&[u16], &[u16], &mut [u32], &mut [u16]);
 
-fn pattern_fn() -> PatternFn {
+fn slab_fns() -> SlabFns {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn avx512(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
+        fn line512(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
+            reduce_line(v, m, c)
+        }
+        #[target_feature(enable = "avx512f,avx512bw")]
+        fn pattern512(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
             add_pattern(v, m, s, x)
         }
         #[target_feature(enable = "avx2")]
-        fn avx2(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
+        fn line256(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
+            reduce_line(v, m, c)
+        }
+        #[target_feature(enable = "avx2")]
+        fn pattern256(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
             add_pattern(v, m, s, x)
         }
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
             // SAFETY: the features were detected just above.
-            return |v, m, s, x| unsafe { avx512(v, m, s, x) };
+            return SlabFns {
+                line: |v, m, c| unsafe { line512(v, m, c) },
+                pattern: |v, m, s, x| unsafe { pattern512(v, m, s, x) },
+            };
         }
         if is_x86_feature_detected!("avx2") {
             // SAFETY: the feature was detected just above.
-            return |v, m, s, x| unsafe { avx2(v, m, s, x) };
+            return SlabFns {
+                line: |v, m, c| unsafe { line256(v, m, c) },
+                pattern: |v, m, s, x| unsafe { pattern256(v, m, s, x) },
+            };
         }
     }
-    add_pattern
+    SlabFns {
+        line: reduce_line,
+        pattern: add_pattern,
+    }
 }
 
 /// Pixels of the pattern [`add_pattern`] holds in registers while it adds
@@ -195,29 +215,6 @@ fn add_pattern(frames: &[u16], mask: &[u16], sum: &mut [u32], max: &mut [u16]) {
             }
         }
     }
-}
-
-fn line_fn() -> LineFn {
-    #[cfg(target_arch = "x86_64")]
-    {
-        #[target_feature(enable = "avx512f,avx512bw")]
-        fn avx512(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
-            reduce_line(v, m, c)
-        }
-        #[target_feature(enable = "avx2")]
-        fn avx2(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
-            reduce_line(v, m, c)
-        }
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the features were detected just above.
-            return |v, m, c| unsafe { avx512(v, m, c) };
-        }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the feature was detected just above.
-            return |v, m, c| unsafe { avx2(v, m, c) };
-        }
-    }
-    reduce_line
 }
 
 /// One detector row of one frame, `values & mask`: added to `columns`
@@ -273,8 +270,10 @@ fn block_sums(
     // One slab of one part: its frames reduced here into a pattern taken
     // from `patterns`, its moments then added to the block's under the
     // lock (a few values per frame).
-    let reduce_line = line_fn();
-    let add_pattern = pattern_fn();
+    let SlabFns {
+        line: reduce_line,
+        pattern: add_pattern,
+    } = slab_fns();
     let visit = |rows: Range<usize>, t0: usize, values: &[u16]| {
         let (p0, w) = (rows.start * c, rows.len() * c);
         if w == 0 {
