@@ -269,7 +269,7 @@ unsafe fn add_avx2(s: &FrameSums, frames: &[u16], out: &mut [u32]) {
 }
 
 /// Tile sums of one band (`rows`: at most 8 rows of `c` counts) into
-/// `sums` (one per 8 columns), 32 columns at a time. `vpmaddwd` multiplies
+/// `sums` (one per 8 columns), 128 then 32 columns at a time. `vpmaddwd` multiplies
 /// signed words, so each count is offset by -32768 (its top bit flipped),
 /// multiplied by its weight and summed in pairs; `bias` gives each tile
 /// back 32768 per valid pixel. Every partial sum lies within ±2^22: exact.
@@ -288,7 +288,33 @@ unsafe fn band_avx512<const UNIFORM: bool>(
     assert!(weights.len() >= h * c && sums.len() == c.div_ceil(8) && bias.len() == sums.len());
     let flip = _mm512_set1_epi16(i16::MIN);
     let ones = _mm512_set1_epi16(1);
-    for x0 in (0..c).step_by(32) {
+    // 128 columns (16 tiles) at a time: four accumulators, reduced together
+    // and stored with their biases as one register.
+    let wide = c - c % 128;
+    for x0 in (0..wide).step_by(128) {
+        let mut acc = [_mm512_setzero_si512(); 4];
+        for y in 0..h {
+            let at = y * c + x0;
+            for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: 32 values from `at + 32 j` lie within row `y` of
+                // both slices (`x0 + 128 <= c`).
+                let v = _mm512_loadu_si512(rows.as_ptr().add(at + 32 * j) as *const __m512i);
+                let m = if UNIFORM {
+                    ones
+                } else {
+                    _mm512_loadu_si512(weights.as_ptr().add(at + 32 * j) as *const __m512i)
+                };
+                *acc = _mm512_add_epi32(*acc, _mm512_madd_epi16(_mm512_xor_si512(v, flip), m));
+            }
+        }
+        let t0 = x0 / 8;
+        // SAFETY: tiles `t0..t0 + 16` lie within `bias` and `sums` (one per
+        // 8 columns, `x0 + 128 <= c`).
+        let b = _mm512_loadu_si512(bias.as_ptr().add(t0) as *const __m512i);
+        let s = _mm512_add_epi32(tiles_of_four(acc), b);
+        _mm512_storeu_si512(sums.as_mut_ptr().add(t0) as *mut __m512i, s);
+    }
+    for x0 in (wide..c).step_by(32) {
         let w = (c - x0).min(32);
         let lanes: __mmask32 = if w == 32 { !0 } else { (1 << w) - 1 };
         let mut acc = _mm512_setzero_si512();
@@ -323,7 +349,33 @@ unsafe fn band_avx512<const UNIFORM: bool>(
     }
 }
 
-/// [`band_avx512`] 16 columns at a time with AVX2 (no masked word loads:
+/// The 16 tile sums of four accumulators of [`band_avx512`] (lanes
+/// `4t..4t + 4` of each: tile `t` of its 32 columns), in column order:
+/// adjacent lanes added twice, each time gathering the pair sums of two
+/// registers into one.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tiles_of_four(
+    [a0, a1, a2, a3]: [std::arch::x86_64::__m512i; 4],
+) -> std::arch::x86_64::__m512i {
+    use std::arch::x86_64::*;
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    let a01 = _mm512_add_epi32(
+        _mm512_permutex2var_epi32(a0, even, a1),
+        _mm512_permutex2var_epi32(a0, odd, a1),
+    );
+    let a23 = _mm512_add_epi32(
+        _mm512_permutex2var_epi32(a2, even, a3),
+        _mm512_permutex2var_epi32(a2, odd, a3),
+    );
+    _mm512_add_epi32(
+        _mm512_permutex2var_epi32(a01, even, a23),
+        _mm512_permutex2var_epi32(a01, odd, a23),
+    )
+}
+
+/// [`band_avx512`] 64 then 16 columns at a time with AVX2 (no masked word loads:
 /// the last `c % 16` columns are summed by [`band_portable`]'s rule).
 /// `UNIFORM`: every weight is 1 (a register, not loaded).
 #[cfg(target_arch = "x86_64")]
@@ -340,8 +392,41 @@ unsafe fn band_avx2<const UNIFORM: bool>(
     assert!(weights.len() >= h * c && sums.len() == c.div_ceil(8) && bias.len() == sums.len());
     let flip = _mm256_set1_epi16(i16::MIN);
     let ones = _mm256_set1_epi16(1);
+    // 64 columns (8 tiles) at a time: four accumulators, reduced together
+    // and stored with their biases as one register.
+    let wide = c - c % 64;
+    for x0 in (0..wide).step_by(64) {
+        let mut acc = [_mm256_setzero_si256(); 4];
+        for y in 0..h {
+            let at = y * c + x0;
+            for (j, acc) in acc.iter_mut().enumerate() {
+                // SAFETY: 16 values from `at + 16 j` lie within row `y` of
+                // both slices (`x0 + 64 <= c`).
+                let v = _mm256_loadu_si256(rows.as_ptr().add(at + 16 * j) as *const __m256i);
+                let m = if UNIFORM {
+                    ones
+                } else {
+                    _mm256_loadu_si256(weights.as_ptr().add(at + 16 * j) as *const __m256i)
+                };
+                *acc = _mm256_add_epi32(*acc, _mm256_madd_epi16(_mm256_xor_si256(v, flip), m));
+            }
+        }
+        // Lanes `4t..4t + 4` of each hold tile `t` of its 16 columns;
+        // two rounds of pairwise adds leave, per 128-bit half, tile 0 (low
+        // half) or 1 (high) of the four, which a permute puts in order.
+        let [a0, a1, a2, a3] = acc;
+        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+        let t = _mm256_permutevar8x32_epi32(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        let t0 = x0 / 8;
+        // SAFETY: tiles `t0..t0 + 8` lie within `bias` and `sums`.
+        let b = _mm256_loadu_si256(bias.as_ptr().add(t0) as *const __m256i);
+        _mm256_storeu_si256(
+            sums.as_mut_ptr().add(t0) as *mut __m256i,
+            _mm256_add_epi32(t, b),
+        );
+    }
     let full = c - c % 16;
-    for x0 in (0..full).step_by(16) {
+    for x0 in (wide..full).step_by(16) {
         let mut acc = _mm256_setzero_si256();
         for y in 0..h {
             let at = y * c + x0;
@@ -560,7 +645,8 @@ mod tests {
             (8, 200),
             (17, 47),
             (16, 128),
-            (9, 40),
+            (10, 256),
+            (9, 168),
         ];
         for path in SumPath::ALL.into_iter().filter(|p| p.available()) {
             // Some pixels invalid in every band, then every pixel valid
