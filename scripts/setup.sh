@@ -37,17 +37,17 @@ fi
 # The GPU tests (gpu/) run their WGSL shaders on Mesa's software Vulkan
 # (lavapipe) where there is no GPU: the Vulkan loader and Mesa's drivers.
 # (grep reads all of ldconfig's output: with -q, ldconfig could die of
-# SIGPIPE and pipefail would report the library missing.) The core library
-# reads DECTRIS HDF5 through Debian's libhdf5 (hdf5-metno builds against it).
+# SIGPIPE and pipefail would report the library missing.) HDF5 itself is
+# built from its sources by cargo (with the CMake in .venv/).
 # fuse3 gives the setuid fusermount3 that users other than root mount and
 # unmount with (fs/tests/lifecycle.rs mounts as such a user).
 if ! ldconfig -p 2>/dev/null | grep 'libvulkan\.so\.1 ' >/dev/null \
   || ! command -v fusermount3 >/dev/null \
   || ! ls /usr/share/vulkan/icd.d/lvp_icd.*.json >/dev/null 2>&1 \
-  || ! pkg-config --exists hdf5 2>/dev/null; then
+  || ! command -v pkg-config >/dev/null; then
   sudo=""
   if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
   $sudo apt-get -o DPkg::Lock::Timeout=600 update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends \
-    mesa-vulkan-drivers libvulkan1 libhdf5-dev pkg-config fuse3 >/dev/null
+    mesa-vulkan-drivers libvulkan1 pkg-config fuse3 >/dev/null
 fi

@@ -605,6 +605,8 @@ impl Chunks {
                 self.raw.resize(size as usize, 0);
                 let mut filters = 0u32;
                 let buf = self.raw.as_mut_ptr();
+                // In: the buffer's size, which the library never writes past.
+                let mut room = self.raw.len();
                 let status = h5::sync::sync(|| unsafe {
                     hdf5_metno_sys::h5d::H5Dread_chunk(
                         id,
@@ -612,6 +614,7 @@ impl Chunks {
                         offset.as_ptr(),
                         &mut filters,
                         buf.cast(),
+                        &mut room,
                     )
                 });
                 if status < 0 {
