@@ -526,9 +526,11 @@ pub(crate) fn fill_large_tiles(r: usize, c: usize, fields: &mut [u32]) {
     let (_, g32c) = Tile::Px32.grid(r, c);
     let (small, large) = fields.split_at_mut(Tile::Px32.first_field(r, c));
     large.fill(0);
-    for by in 0..g8r {
-        for (tx, &s) in small[by * g8c..(by + 1) * g8c].iter().enumerate() {
-            large[(by / 4) * g32c + tx / 4] += s;
+    for (by, band) in small[..g8r * g8c].chunks_exact(g8c).enumerate() {
+        let row = &mut large[(by / 4) * g32c..(by / 4 + 1) * g32c];
+        // Four 8×8 tiles across per 32×32 tile: summed before the store.
+        for (l, s) in row.iter_mut().zip(band.chunks(4)) {
+            *l += s.iter().sum::<u32>();
         }
     }
 }
