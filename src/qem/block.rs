@@ -455,13 +455,17 @@ impl BlockCursor {
         let (n, fields) = (t1 - t0, file.spatial_fields());
         let [_, _, r, c] = file.shape();
         let g8c = c.div_ceil(8);
-        let mut computed = vec![0u32; n * fields];
-        for (rows, sums) in self.parts.iter().zip(tiles) {
-            let k = sums.len() / n;
-            let at = rows.start / 8 * g8c;
-            for (t, frame) in computed.chunks_exact_mut(fields).enumerate() {
-                frame[at..at + k].copy_from_slice(&sums[t * k..(t + 1) * k]);
+        // Frame by frame, each part's tiles after the parts above it (the
+        // parts are consecutive bands, so they follow each other): written
+        // once, not zeroed first.
+        let mut computed = Vec::with_capacity(n * fields);
+        for t in 0..n {
+            for (rows, sums) in self.parts.iter().zip(tiles) {
+                let k = sums.len() / n;
+                computed.resize(t * fields + rows.start / 8 * g8c, 0);
+                computed.extend_from_slice(&sums[t * k..(t + 1) * k]);
             }
+            computed.resize((t + 1) * fields, 0);
         }
         for frame in computed.chunks_exact_mut(fields) {
             spatial::fill_large_tiles(r, c, frame);

@@ -169,26 +169,20 @@ impl Group {
     /// part of the detector decodes straight into its columns of each
     /// output frame beside the other parts. Each lane must have
     /// `STEP_BYTES * n + WINDOW` bytes of `buf` from its position on and
-    /// `buf.len() <= i32::MAX` (asserted; that is what makes the kernels'
-    /// unchecked reads sound).
+    /// `buf.len() <= i32::MAX` (asserted by each kernel before it starts:
+    /// [`check_bounds`](Self::check_bounds)).
     pub fn run(&mut self, kernel: Kernel, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
-        let n = rows.len();
-        if n == 0 {
+        if rows.is_empty() {
             return;
         }
-        assert!(buf.len() <= i32::MAX as usize, "lane buffer too large");
-        let reach = STEP_BYTES * n + WINDOW;
-        let far = self.pos.iter().fold(0, |far, &p| far.max(p));
-        assert!(far as usize + reach <= buf.len(), "lane buffer too short");
-        assert!(
-            rows.iter().all(|row| row.len() >= at + 2 * LANES),
-            "row output too small"
-        );
         assert!(kernel.available(), "{} kernel not available", kernel.name());
         match kernel {
-            Kernel::Portable => self.run_portable(buf, rows, at),
-            // SAFETY: the feature is present (asserted), every read stays
-            // within `buf` and every store within its row (asserted above).
+            Kernel::Portable => {
+                self.check_bounds(buf, rows, at);
+                self.run_portable(buf, rows, at)
+            }
+            // SAFETY: the feature is present (asserted); each kernel
+            // asserts `check_bounds` before it reads or stores anything.
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => unsafe { x86::avx2(self, buf, rows, at) },
             #[cfg(target_arch = "x86_64")]
@@ -199,6 +193,23 @@ impl Group {
             #[cfg(not(target_arch = "x86_64"))]
             _ => unreachable!("checked available"),
         }
+    }
+
+    /// What makes the kernels' unchecked reads and stores sound: every
+    /// lane has `STEP_BYTES` per row plus `WINDOW` bytes of `buf` from its
+    /// position on, positions fit `i32`, every row holds `at + 2 * LANES`
+    /// bytes. Inlined into each kernel, so that the compiler vectorises
+    /// the scan of the positions with that kernel's instructions.
+    #[inline(always)]
+    fn check_bounds(&self, buf: &[u8], rows: &[&mut [u8]], at: usize) {
+        assert!(buf.len() <= i32::MAX as usize, "lane buffer too large");
+        let reach = STEP_BYTES * rows.len() + WINDOW;
+        let far = self.pos.iter().fold(0, |far, &p| far.max(p));
+        assert!(far as usize + reach <= buf.len(), "lane buffer too short");
+        assert!(
+            rows.iter().all(|row| row.len() >= at + 2 * LANES),
+            "row output too small"
+        );
     }
 
     fn run_portable(&mut self, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
@@ -226,15 +237,15 @@ mod x86 {
     const HALF: usize = 32;
 
     /// # Safety
-    /// AVX-512 F, BW and CD present; for every lane `pos + 4n + 4 <=
-    /// buf.len() <= i32::MAX` (`n = rows.len()`); every row holds
-    /// `at + 2 * LANES` bytes.
+    /// AVX-512 F, BW and CD present. The bounds the unchecked reads and
+    /// stores rely on are asserted first (`Group::check_bounds`).
     ///
     /// Branch-free: every step gathers each lane's table entry and the 4
     /// stream bytes at its position (renormalisation bytes, then the escape
     /// word), with four independent registers of 16 lanes in flight.
     #[target_feature(enable = "avx512f,avx512bw,avx512cd")]
     pub(super) unsafe fn avx512(g: &mut Group, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
+        g.check_bounds(buf, rows, at);
         avx512_steps::<false>(g, buf, rows, at)
     }
 
@@ -247,6 +258,7 @@ mod x86 {
         rows: &mut [&mut [u8]],
         at: usize,
     ) {
+        g.check_bounds(buf, rows, at);
         avx512_steps::<true>(g, buf, rows, at)
     }
 
@@ -337,12 +349,13 @@ mod x86 {
     }
 
     /// # Safety
-    /// AVX2 present; bounds as for [`avx512`].
+    /// AVX2 present; bounds asserted as in [`avx512`].
     ///
     /// The same branch-free steps in two passes of 32 lanes (four 8-lane
     /// registers each: AVX2 has 16 registers).
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn avx2(g: &mut Group, buf: &[u8], rows: &mut [&mut [u8]], at: usize) {
+        g.check_bounds(buf, rows, at);
         for o in (0..LANES).step_by(HALF) {
             avx2_half(g, o, buf, rows, at);
         }
@@ -419,6 +432,44 @@ mod x86 {
         for v in 0..V {
             _mm256_storeu_si256(g.x.as_mut_ptr().add(o + 8 * v) as *mut __m256i, vx[v]);
             _mm256_storeu_si256(g.pos.as_mut_ptr().add(o + 8 * v) as *mut __m256i, vp[v]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every kernel this CPU runs asserts its bounds before it reads or
+    /// stores: a lane too near the buffer's end, or a row too short for
+    /// the lanes at `at`, panics instead of reading or writing out of
+    /// bounds (the kernels' accesses are unchecked).
+    #[test]
+    fn every_kernel_refuses_runs_out_of_bounds() {
+        use std::io::Write;
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        let buf = vec![0u8; 4096];
+        let kernels: Vec<Kernel> = Kernel::ALL.into_iter().filter(|k| k.available()).collect();
+        // Not captured by the harness: CI output names what ran.
+        writeln!(std::io::stderr(), "lanes: bounds asserted by {kernels:?}").unwrap();
+        for kernel in kernels {
+            let run = |pos: u32, row_len: usize, at: usize| {
+                let mut g = Group::default();
+                g.set_idle(7, pos);
+                let mut rows = vec![vec![0u8; row_len]; 3];
+                let mut rows: Vec<&mut [u8]> = rows.iter_mut().map(|r| &mut r[..]).collect();
+                catch_unwind(AssertUnwindSafe(|| g.run(kernel, &buf, &mut rows, at))).is_ok()
+            };
+            let room = (buf.len() - STEP_BYTES * 3 - WINDOW) as u32;
+            assert!(
+                run(room, 2 * LANES + 10, 10),
+                "{kernel:?}: a run within bounds"
+            );
+            assert!(
+                !run(room + 1, 2 * LANES + 10, 10),
+                "{kernel:?}: past the buffer"
+            );
+            assert!(!run(0, 2 * LANES + 9, 10), "{kernel:?}: past a row");
         }
     }
 }
