@@ -115,30 +115,31 @@ impl Patterns {
     }
 }
 
-/// The two slab loops, [`reduce_line`] and [`add_pattern`], compiled for
+/// The two slab loops, [`frame_moments`] and [`add_pattern`], compiled for
 /// the widest vectors the CPU has (the crate's baseline, SSE2, held the
 /// loops to 4 values at a time), chosen once.
 struct SlabFns {
-    line: fn(&[u16], &[u16], &mut [u32]) -> u64,
+    moments: MomentsFn,
     pattern: PatternFn,
 }
 
+type MomentsFn = fn(&[u16], &[u16], usize, usize) -> (u64, u64, u64);
 type PatternFn = fn(&[u16], &[u16], &mut [u32], &mut [u16]);
 
 fn slab_fns() -> SlabFns {
     #[cfg(target_arch = "x86_64")]
     {
         #[target_feature(enable = "avx512f,avx512bw")]
-        fn line512(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
-            reduce_line(v, m, c)
+        fn moments512(v: &[u16], m: &[u16], c: usize, r0: usize) -> (u64, u64, u64) {
+            frame_moments::<64>(v, m, c, r0)
         }
         #[target_feature(enable = "avx512f,avx512bw")]
         fn pattern512(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
             add_pattern(v, m, s, x)
         }
         #[target_feature(enable = "avx2")]
-        fn line256(v: &[u16], m: &[u16], c: &mut [u32]) -> u64 {
-            reduce_line(v, m, c)
+        fn moments256(v: &[u16], m: &[u16], c: usize, r0: usize) -> (u64, u64, u64) {
+            frame_moments::<32>(v, m, c, r0)
         }
         #[target_feature(enable = "avx2")]
         fn pattern256(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
@@ -147,20 +148,20 @@ fn slab_fns() -> SlabFns {
         if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
             // SAFETY: the features were detected just above.
             return SlabFns {
-                line: |v, m, c| unsafe { line512(v, m, c) },
+                moments: |v, m, c, r0| unsafe { moments512(v, m, c, r0) },
                 pattern: |v, m, s, x| unsafe { pattern512(v, m, s, x) },
             };
         }
         if is_x86_feature_detected!("avx2") {
             // SAFETY: the feature was detected just above.
             return SlabFns {
-                line: |v, m, c| unsafe { line256(v, m, c) },
+                moments: |v, m, c, r0| unsafe { moments256(v, m, c, r0) },
                 pattern: |v, m, s, x| unsafe { pattern256(v, m, s, x) },
             };
         }
     }
     SlabFns {
-        line: reduce_line,
+        moments: frame_moments::<16>,
         pattern: add_pattern,
     }
 }
@@ -217,32 +218,59 @@ fn add_pattern(frames: &[u16], mask: &[u16], sum: &mut [u32], max: &mut [u16]) {
     }
 }
 
-/// One detector row of one frame, `values & mask`: added to `columns`
-/// (column sums); returns the row's sum. One pass, which the compiler
-/// vectorises, in u32 over pieces too short to overflow.
+/// `(Σ v, Σ row·v, Σ column·v)` of one frame's rows `values & mask` (rows
+/// of `c` pixels, the first numbered `r0`), `RUN` columns at a time held
+/// in registers down the rows: per column, `acc` sums the rows so far and
+/// `below` adds `acc` before each row, ending as Σ v_j·(rows after j), so
+/// that Σ row·v = (last row)·Σ v − Σ below without a horizontal sum per
+/// row (the loop this replaced added each row's columns into memory and
+/// summed the row). Bands of 256 rows keep `below` within u32 (at most
+/// 65535 · 255 · 256 / 2 < 2^32).
 #[inline(always)]
-fn reduce_line(values: &[u16], mask: &[u16], columns: &mut [u32]) -> u64 {
-    let mut total = 0u64;
-    for (i, (values, mask)) in values.chunks(1 << 16).zip(mask.chunks(1 << 16)).enumerate() {
-        let span = i << 16..(i << 16) + values.len();
-        let mut s = 0u32;
-        for ((&v, &m), col) in values.iter().zip(mask).zip(&mut columns[span]) {
-            let v = v & m;
-            s += u32::from(v);
-            *col += u32::from(v);
+fn frame_moments<const RUN: usize>(
+    values: &[u16],
+    mask: &[u16],
+    c: usize,
+    r0: usize,
+) -> (u64, u64, u64) {
+    const BAND: usize = 256;
+    let h = values.len() / c.max(1);
+    let (mut total, mut by_row, mut by_column) = (0u64, 0u64, 0u64);
+    for b0 in (0..h).step_by(BAND) {
+        let b1 = (b0 + BAND).min(h);
+        let last = (r0 + b1 - 1) as u64;
+        for x0 in (0..c).step_by(RUN) {
+            let n = RUN.min(c - x0);
+            let (mut acc, mut below) = ([0u32; RUN], [0u32; RUN]);
+            if n == RUN {
+                // A run of constant length: the compiler keeps it in registers.
+                for r in b0..b1 {
+                    let v = &values[r * c + x0..][..RUN];
+                    let m = &mask[r * c + x0..][..RUN];
+                    for i in 0..RUN {
+                        below[i] += acc[i];
+                        acc[i] += u32::from(v[i] & m[i]);
+                    }
+                }
+            } else {
+                for r in b0..b1 {
+                    let v = &values[r * c + x0..][..n];
+                    let m = &mask[r * c + x0..][..n];
+                    for i in 0..n {
+                        below[i] += acc[i];
+                        acc[i] += u32::from(v[i] & m[i]);
+                    }
+                }
+            }
+            for (i, (&a, &b)) in acc[..n].iter().zip(&below[..n]).enumerate() {
+                let (a, b) = (u64::from(a), u64::from(b));
+                total += a;
+                by_row += last * a - b;
+                by_column += (x0 + i) as u64 * a;
+            }
         }
-        total += u64::from(s);
     }
-    total
-}
-
-/// `Σ x · columns[x]`.
-fn weighted(columns: &[u32]) -> u64 {
-    columns
-        .iter()
-        .enumerate()
-        .map(|(x, &s)| x as u64 * u64::from(s))
-        .sum()
+    (total, by_row, by_column)
 }
 
 /// Reduces block `b` (every frame) for `request`: `valid` holds `0xFFFF`
@@ -271,7 +299,7 @@ fn block_sums(
     // from `patterns`, its moments then added to the block's under the
     // lock (a few values per frame).
     let SlabFns {
-        line: reduce_line,
+        moments: frame_moments,
         pattern: add_pattern,
     } = slab_fns();
     let visit = |rows: Range<usize>, t0: usize, values: &[u16]| {
@@ -292,28 +320,12 @@ fn block_sums(
         if !moments {
             return;
         }
-        let mut frame_moments = Vec::with_capacity(k);
-        let mut columns = vec![0u32; c];
-        for frame in values.chunks_exact(w) {
-            // Σ I and Σ row·I from each detector row's sum, Σ column·I from
-            // column sums, in u32 over bands of at most 65,536 rows.
-            let (mut total, mut by_row, mut by_column) = (0u64, 0u64, 0u64);
-            columns.fill(0);
-            for (line_no, r) in rows.clone().enumerate() {
-                if line_no > 0 && line_no % (1 << 16) == 0 {
-                    by_column += weighted(&columns);
-                    columns.fill(0);
-                }
-                let at = line_no * c..(line_no + 1) * c;
-                let s = reduce_line(&frame[at.clone()], &mask[at], &mut columns);
-                total += s;
-                by_row += r as u64 * s;
-            }
-            by_column += weighted(&columns);
-            frame_moments.push((total, by_row, by_column));
-        }
+        let frames: Vec<(u64, u64, u64)> = values
+            .chunks_exact(w)
+            .map(|frame| frame_moments(frame, mask, c, rows.start))
+            .collect();
         let Ok(mut acc) = acc.lock() else { return };
-        for (t, (total, by_row, by_column)) in (t0..).zip(frame_moments) {
+        for (t, (total, by_row, by_column)) in (t0..).zip(frames) {
             acc.total[t] += total;
             acc.row[t] += by_row;
             acc.column[t] += by_column;
@@ -372,4 +384,69 @@ pub(super) fn reduce(
         [sum, max],
         Values::Exact,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The moments of every run width the slab functions use equal a plain
+    /// sum over the pixels: detectors narrower than a run, with a tail,
+    /// and taller than a band of rows; invalid pixels; every count 65535
+    /// (the largest the running sums of a band must hold).
+    #[test]
+    fn frame_moments_equal_the_sums_over_pixels() {
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for (h, c, r0) in [
+            (7, 13, 0),
+            (9, 64, 5),
+            (300, 70, 16),
+            (513, 33, 0),
+            (260, 128, 3),
+        ] {
+            for saturated in [false, true] {
+                let values: Vec<u16> = (0..h * c)
+                    .map(|_| {
+                        if saturated {
+                            u16::MAX
+                        } else {
+                            (next() % 70_000).min(65_535) as u16
+                        }
+                    })
+                    .collect();
+                let mask: Vec<u16> = (0..h * c)
+                    .map(|p| if p % 11 == 4 { 0 } else { u16::MAX })
+                    .collect();
+                let mut want = (0u64, 0u64, 0u64);
+                for (p, (&v, &m)) in values.iter().zip(&mask).enumerate() {
+                    let v = u64::from(v & m);
+                    want.0 += v;
+                    want.1 += (r0 + p / c) as u64 * v;
+                    want.2 += (p % c) as u64 * v;
+                }
+                let what = format!("{h}x{c} from row {r0}, saturated {saturated}");
+                assert_eq!(
+                    frame_moments::<16>(&values, &mask, c, r0),
+                    want,
+                    "{what}, run 16"
+                );
+                assert_eq!(
+                    frame_moments::<32>(&values, &mask, c, r0),
+                    want,
+                    "{what}, run 32"
+                );
+                assert_eq!(
+                    frame_moments::<64>(&values, &mask, c, r0),
+                    want,
+                    "{what}, run 64"
+                );
+            }
+        }
+    }
 }
