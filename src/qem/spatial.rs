@@ -157,9 +157,12 @@ impl FrameSums {
             .collect();
         let g8c = c.div_ceil(8);
         let mut bias = vec![0u32; rows.len().div_ceil(8) * g8c];
-        for (i, &w) in weights.iter().enumerate() {
-            let (y, x) = (i / c, i % c);
-            bias[y / 8 * g8c + x / 8] += 32768 * w as u32;
+        // Row by row: no division per pixel (one is made for every block a
+        // thread decodes).
+        for (y, row) in weights.chunks(c.max(1)).enumerate() {
+            for (x, &w) in row.iter().enumerate() {
+                bias[y / 8 * g8c + x / 8] += 32768 * w as u32;
+            }
         }
         let uniform = weights.iter().all(|&w| w == 1);
         FrameSums {
