@@ -99,6 +99,37 @@ impl Kernel {
     }
 }
 
+/// The widest vector instructions a SIMD loop of the library may use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Width {
+    Portable,
+    Avx2,
+    Avx512,
+}
+
+impl Kernel {
+    /// The vector instructions this kernel uses.
+    pub fn width(self) -> Width {
+        match self {
+            Kernel::Portable => Width::Portable,
+            Kernel::Avx2 => Width::Avx2,
+            Kernel::Avx512 | Kernel::Avx512Vbmi2 => Width::Avx512,
+        }
+    }
+}
+
+/// The one rule for every SIMD loop beside the decoding kernels (the
+/// spatial index's tile sums, the reductions' slab loops, the reference
+/// decoder's lanes): the width of the chosen kernel ([`Kernel::best`]).
+/// So `QEMFS_KERNEL=avx2` runs every path an AVX2-only machine runs, and a
+/// CPU's features are looked up in one place. A loop of width `w` may use
+/// the instructions of every kernel of that width (`avx512f`, `avx512bw`
+/// and `avx512cd` for AVX-512; `avx2` for AVX2): [`Kernel::available`]
+/// checked them.
+pub fn width() -> Width {
+    Kernel::best().width()
+}
+
 /// The state of [`LANES`] streams between calls. Positions are byte
 /// indices into the buffer the group is run on (always the same one).
 #[derive(Clone)]

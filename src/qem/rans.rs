@@ -483,8 +483,10 @@ mod simd {
 
     use super::{all_slot_tables, ESCAPE, FREQUENCIES, SCALE_BITS, SLOTS, SLOT_MASK, STATE_LOWER};
 
+    /// AVX2 and wider: the library's vector width
+    /// ([`crate::qem::lanes::width`]).
     pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
+        crate::qem::lanes::width() >= crate::qem::lanes::Width::Avx2
     }
 
     /// Runs the steps `range` as [`run_rows`] does, the values going to

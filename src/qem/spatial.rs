@@ -4,6 +4,7 @@
 //! counts to verify it.
 
 use super::header::ValidMask;
+use super::lanes::{self, Width};
 
 /// Tile families of the index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,11 +129,13 @@ impl SumPath {
         }
     }
 
+    /// The path of the library's vector width ([`lanes::width`]).
     fn best() -> SumPath {
-        [SumPath::Avx512, SumPath::Avx2]
-            .into_iter()
-            .find(|p| p.available())
-            .unwrap_or(SumPath::Portable)
+        match lanes::width() {
+            Width::Avx512 => SumPath::Avx512,
+            Width::Avx2 => SumPath::Avx2,
+            Width::Portable => SumPath::Portable,
+        }
     }
 }
 

@@ -116,8 +116,8 @@ impl Patterns {
 }
 
 /// The two slab loops, [`frame_moments`] and [`add_pattern`], compiled for
-/// the widest vectors the CPU has (the crate's baseline, SSE2, held the
-/// loops to 4 values at a time), chosen once.
+/// the library's vector width (`qem::lanes::width`; the crate's baseline,
+/// SSE2, held the loops to 4 values at a time), chosen once.
 struct SlabFns {
     moments: MomentsFn,
     pattern: PatternFn,
@@ -145,15 +145,18 @@ fn slab_fns() -> SlabFns {
         fn pattern256(v: &[u16], m: &[u16], s: &mut [u32], x: &mut [u16]) {
             add_pattern(v, m, s, x)
         }
-        if is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") {
-            // SAFETY: the features were detected just above.
+        use crate::qem::lanes::{width, Width};
+        if width() == Width::Avx512 {
+            // SAFETY: the library's width is AVX-512 only where the CPU
+            // has these features (`lanes::width`).
             return SlabFns {
                 moments: |v, m, c, r0| unsafe { moments512(v, m, c, r0) },
                 pattern: |v, m, s, x| unsafe { pattern512(v, m, s, x) },
             };
         }
-        if is_x86_feature_detected!("avx2") {
-            // SAFETY: the feature was detected just above.
+        if width() == Width::Avx2 {
+            // SAFETY: the library's width is AVX2 only where the CPU has
+            // it (`lanes::width`).
             return SlabFns {
                 moments: |v, m, c, r0| unsafe { moments256(v, m, c, r0) },
                 pattern: |v, m, s, x| unsafe { pattern256(v, m, s, x) },
