@@ -5,7 +5,8 @@
 # issue-18 acquisition if FILE is missing (128×128 scans × 128² uint16,
 # 268 M samples, by `cargo bench --bench qem_decode -- 128`), then times
 # `qem validate FILE` best of N with the kernel chosen at run time and again
-# with the AVX2 kernel forced (QEMFS_KERNEL=avx2), each against the
+# with the AVX2 kernel forced (QEMFS_KERNEL=avx2: every SIMD loop at AVX2
+# width, the paths of an AVX2-only machine), each against the
 # ceiling's figure for that kind of kernel. Prints the load average with
 # each figure: on a shared machine compare runs made in the same minutes.
 #

@@ -567,8 +567,23 @@ pub(crate) fn unpack_from(words: &[u8], width: u32, k0: usize, out: &mut [u32]) 
     } else {
         (1u64 << width) - 1
     };
-    for (k, o) in (k0..).zip(out.iter_mut()) {
-        let bit = k * width as usize;
+    let w = width as usize;
+    // While 8 bytes lie from a value's first byte on: one unaligned load
+    // holds it (at most 7 + 32 bits from that byte).
+    let fast = match words.len().checked_sub(8) {
+        // Value k starts at byte k·w / 8 ≤ len − 8.
+        Some(room) => ((8 * room + 7) / w + 1).saturating_sub(k0),
+        None => 0,
+    };
+    let (head, tail) = out.split_at_mut(fast.min(out.len()));
+    for (k, o) in (k0..).zip(head.iter_mut()) {
+        let bit = k * w;
+        let at = bit / 8;
+        let eight = u64::from_le_bytes(words[at..at + 8].try_into().unwrap_or_default());
+        *o = ((eight >> (bit % 8)) & mask) as u32;
+    }
+    for (k, o) in (k0 + head.len()..).zip(tail.iter_mut()) {
+        let bit = k * w;
         let (w, shift) = (bit / 32, bit % 32);
         let pair = word(w) | (word(w + 1) << 32);
         *o = ((pair >> shift) & mask) as u32;
