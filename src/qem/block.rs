@@ -443,8 +443,8 @@ impl BlockCursor {
 
     /// Compares the index of frames `t0..t1` with the 8×8 tile sums of the
     /// parts (frame-major per part): the disagreement of the earliest
-    /// frame, at its lowest field (`spatial::first_disagreement`), or the
-    /// index's own fault.
+    /// frame, at its lowest field (`spatial::first_disagreement_frame_major`),
+    /// or the index's own fault.
     fn compare_index(
         &self,
         file: &QemFile,
@@ -474,11 +474,10 @@ impl BlockCursor {
             Ok(a) => a,
             Err(e) => return Some(e),
         };
-        spatial::first_disagreement(
-            0..fields,
-            n,
+        spatial::first_disagreement_frame_major(
+            fields,
             |t, out| file.block_field_frames(arrays, &self.info, t, t0, out),
-            |t, k| u64::from(computed[k * fields + t]),
+            &computed,
         )
         .map(|(k, field, stored, computed)| {
             self.info

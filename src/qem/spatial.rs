@@ -523,6 +523,44 @@ pub(crate) fn first_disagreement(
     first
 }
 
+/// [`first_disagreement`] over every field when the computed sums are
+/// frame-major (`computed[k * fields + t]` for frame `k`, field `t`): the
+/// stored sums are unpacked field by field into that order, and the two
+/// compared as runs of memory instead of one strided read per value. The
+/// first difference in frame-major order is the earliest frame's lowest
+/// field: the disagreement [`first_disagreement`] names.
+pub(crate) fn first_disagreement_frame_major(
+    fields: usize,
+    mut stored: impl FnMut(usize, &mut [u32]),
+    computed: &[u32],
+) -> Option<Disagreement> {
+    const RUN: usize = 256;
+    let n = computed.len() / fields.max(1);
+    let mut all = vec![0u32; n * fields];
+    let mut column = vec![0u32; n];
+    for t in 0..fields {
+        stored(t, &mut column);
+        for (k, &v) in column.iter().enumerate() {
+            all[k * fields + t] = v;
+        }
+    }
+    let run = all
+        .chunks(RUN)
+        .zip(computed.chunks(RUN))
+        .position(|(a, b)| a != b)?;
+    let i = run * RUN
+        + all[run * RUN..]
+            .iter()
+            .zip(&computed[run * RUN..])
+            .position(|(a, b)| a != b)?;
+    Some((
+        i / fields,
+        i % fields,
+        u64::from(all[i]),
+        u64::from(computed[i]),
+    ))
+}
+
 /// Completes a frame's fields (`fields[..tiles8]` holding its 8×8 sums):
 /// each 32×32 tile is the sum of the 8×8 tiles inside it (both families
 /// are truncated at the same detector edges). A 32×32 tile sums at most
@@ -736,6 +774,38 @@ mod tests {
                 .map(|i| u64::from(got[(i % m) * fields + i / m]))
                 .collect();
             assert_eq!(got, want, "{r}x{c} {path:?}");
+        }
+    }
+
+    /// The frame-major comparison names the disagreement the field-wise
+    /// one does (earliest frame, then lowest field), wherever the
+    /// differences lie, and none when there is none.
+    #[test]
+    fn frame_major_comparison_names_the_first_disagreement() {
+        let (fields, n) = (37, 300);
+        let computed: Vec<u32> = (0..fields * n).map(|i| (i * 7919 % 1013) as u32).collect();
+        let cases: [&[(usize, usize)]; 5] = [
+            &[],
+            &[(0, 0)],
+            &[(299, 36)],
+            &[(120, 30), (121, 2), (250, 1)],
+            &[(40, 9), (40, 3), (7, 36)],
+        ];
+        for changed in cases {
+            // Field-major stored sums, `changed` (frame, field) off by one.
+            let mut stored: Vec<u32> = (0..fields * n)
+                .map(|i| computed[(i % n) * fields + i / n])
+                .collect();
+            for &(k, t) in changed {
+                stored[t * n + k] += 1;
+            }
+            let fill = |t: usize, out: &mut [u32]| out.copy_from_slice(&stored[t * n..(t + 1) * n]);
+            let want = first_disagreement(0..fields, n, fill, |t, k| {
+                u64::from(computed[k * fields + t])
+            });
+            let got = first_disagreement_frame_major(fields, fill, &computed);
+            assert_eq!(got, want, "{changed:?}");
+            assert_eq!(got.is_some(), !changed.is_empty());
         }
     }
 
