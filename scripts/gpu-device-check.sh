@@ -8,6 +8,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_NET_OFFLINE=true
+# HDF5 is built from its sources (.cargo/config.toml) with CMake 3.26 or
+# newer: the one scripts/setup.sh put in .venv, run directly (the venv's
+# Python is not there). Carry its binary and modules (39 MB):
+#   .venv/lib/python3.11/site-packages/cmake/data/bin/cmake
+#   .venv/lib/python3.11/site-packages/cmake/data/share
+if [ -z "${CMAKE:-}" ]; then
+  for c in .venv/lib/python3*/site-packages/cmake/data/bin/cmake; do
+    if [ -x "$c" ]; then export CMAKE="$PWD/$c"; fi
+  done
+fi
 if [ -z "${XDG_RUNTIME_DIR:-}" ] || [ ! -d "$XDG_RUNTIME_DIR" ]; then
   XDG_RUNTIME_DIR="$(mktemp -d)"; chmod 700 "$XDG_RUNTIME_DIR"; export XDG_RUNTIME_DIR
 fi
