@@ -1,7 +1,7 @@
 //! DECTRIS ARINA / EIGER HDF5: a master file whose `/entry/data/data_NNNNNN`
 //! members are external links to data files of `(frames, rows, columns)`
-//! counts, read through the HDF5 library (Debian's libhdf5, via
-//! `hdf5-metno`). Chunks compressed with bitshuffle+LZ4 (filter 32008) or
+//! counts, read through the HDF5 library (built from its sources and linked
+//! in, via `hdf5-metno`). Chunks compressed with bitshuffle+LZ4 (filter 32008) or
 //! LZ4 (32004) are read raw with a direct chunk read and decoded here
 //! (`bitshuffle.rs`), so no HDF5 plugin is needed; gzip and uncompressed
 //! chunks go through the library's own pipeline.
