@@ -654,7 +654,7 @@ impl Recycler {
                 v.resize(len, 0);
                 v
             }
-            None => vec![0u8; len],
+            None => super::zeroed_on_huge_pages(len),
         }
     }
 
