@@ -13,6 +13,11 @@
 #   bash benches/qem_validate.sh [FILE] [N]      (defaults /tmp/a.qem, 5)
 #   LIMIT_OUT=saved.txt bash benches/qem_validate.sh   (reuse a saved
 #   run.sh output: the ceiling takes about a minute on a quiet machine)
+#   ROUNDS=5 bash benches/qem_validate.sh [FILE] [N]   (then 5 rounds, each
+#   the ceiling's two kernels measured again, about 15 s, right before the
+#   two validations: each round's ratios and their medians. A shared machine
+#   whose speed drifts within a minute gives ratios of 75-130% from single
+#   runs; a ratio taken within one round is the steadier figure)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 file=${1:-/tmp/a.qem}
@@ -27,14 +32,16 @@ if [ ! -f "$file" ]; then
 fi
 
 limit=../shared/limit/run.sh
-ceiling="" ceiling_avx2=""
+ceiling="" ceiling_avx2="" kernel="" kernel_avx2=""
 if [ -n "${LIMIT_OUT:-}" ] || [ -f "$limit" ]; then
   if [ -n "${LIMIT_OUT:-}" ]; then out=$(cat "$LIMIT_OUT"); else out=$(bash "$limit"); fi
   printf '%s\n' "$out" | grep -E '^(cpu|ceiling)' || true
   ceiling=$(printf '%s\n' "$out" | sed -n 's/^ceiling: \([0-9.]*\) G.*/\1/p')
   # The best AVX2 kernel's full-array rate on 2 threads, if one ran.
-  ceiling_avx2=$(printf '%s\n' "$out" | awk '/^RESULT/ && /full threads=2/ && $3 ~ /avx2/ {
-      r = $(NF-3); if (r + 0 > best + 0) best = r } END { if (best != "") print best }')
+  kernel=$(printf '%s\n' "$out" | sed -n 's/^ceiling: .*(kernel \([^,]*\),.*/\1/p')
+  # The best AVX2 kernel's full-array rate on 2 threads, if one ran.
+  read -r ceiling_avx2 kernel_avx2 < <(printf '%s\n' "$out" | awk '/^RESULT/ && /full threads=2/ && $3 ~ /avx2/ {
+      r = $(NF-3); if (r + 0 > best + 0) { best = r; k = $3 } } END { if (best != "") print best, k }') || true
 else
   echo "no $limit: ratios to the ceiling skipped"
 fi
@@ -77,3 +84,32 @@ PY
 report "qem validate (kernel chosen at run time, best of $runs)" "$(best_of "$qem" validate "$file")" "$ceiling"
 report "qem validate, QEMFS_KERNEL=avx2 (best of $runs)" \
   "$(QEMFS_KERNEL=avx2 best_of "$qem" validate "$file")" "$ceiling_avx2"
+
+rounds=${ROUNDS:-1}
+[ "$rounds" -gt 1 ] || exit 0
+if [ -n "${LIMIT_OUT:-}" ] || [ -z "$kernel" ]; then
+  echo "ROUNDS needs the ceiling measured here (../shared/limit, not LIMIT_OUT)"
+  exit 0
+fi
+# The ceiling's own program, as run.sh built it, on just its best kernel and
+# the best AVX2 one.
+qemlimit=${LIMIT_TARGET_DIR:-${TMPDIR:-/tmp}/qem-limit-target}/release/qemlimit
+kernels=$kernel${kernel_avx2:+,$kernel_avx2}
+ratios=()
+for r in $(seq "$rounds"); do
+  out=$("$qemlimit" bench A --blocks 32 --reps 5 --enc-reps 1 --dec "$kernels" 2>&1)
+  rate_of() { printf '%s\n' "$out" | awk -v k="$1" '/^RESULT/ && /full threads=2/ && $3 == k { print $(NF-3) }'; }
+  c=$(rate_of "$kernel")
+  c2=$([ -n "$kernel_avx2" ] && rate_of "$kernel_avx2" || true)
+  v=$(best_of "$qem" validate "$file")
+  v2=$(QEMFS_KERNEL=avx2 best_of "$qem" validate "$file")
+  ratios+=("$(python3 -c "n=$samples; print(f'{n/$v/1e9/$c*100:.1f}', f'{n/$v2/1e9/${c2:-0}*100:.1f}' if '$c2' else '-')")")
+  echo "round $r: ceiling $c (avx2 ${c2:--}) G samples/s; validate $v s, avx2 $v2 s;" \
+    "ratios ${ratios[-1]// /% and }%  [load $(load)]"
+done
+printf '%s\n' "${ratios[@]}" | python3 -c '
+import statistics, sys
+rows = [line.split() for line in sys.stdin]
+med = lambda i: statistics.median(float(r[i]) for r in rows if r[i] != "-")
+print(f"median of {len(rows)} rounds: qem validate {med(0):.0f}% of the ceiling,", end=" ")
+print(f"QEMFS_KERNEL=avx2 {med(1):.0f}% of the AVX2 ceiling" if any(r[1] != "-" for r in rows) else "no AVX2 ceiling")'
