@@ -37,7 +37,7 @@ if [ -n "${LIMIT_OUT:-}" ] || [ -f "$limit" ]; then
   if [ -n "${LIMIT_OUT:-}" ]; then out=$(cat "$LIMIT_OUT"); else out=$(bash "$limit"); fi
   printf '%s\n' "$out" | grep -E '^(cpu|ceiling)' || true
   ceiling=$(printf '%s\n' "$out" | sed -n 's/^ceiling: \([0-9.]*\) G.*/\1/p')
-  # The best AVX2 kernel's full-array rate on 2 threads, if one ran.
+  # The kernel that set the ceiling.
   kernel=$(printf '%s\n' "$out" | sed -n 's/^ceiling: .*(kernel \([^,]*\),.*/\1/p')
   # The best AVX2 kernel's full-array rate on 2 threads, if one ran.
   read -r ceiling_avx2 kernel_avx2 < <(printf '%s\n' "$out" | awk '/^RESULT/ && /full threads=2/ && $3 ~ /avx2/ {
@@ -95,15 +95,19 @@ fi
 # the best AVX2 one.
 qemlimit=${LIMIT_TARGET_DIR:-${TMPDIR:-/tmp}/qem-limit-target}/release/qemlimit
 kernels=$kernel${kernel_avx2:+,$kernel_avx2}
+# The full-array rate on 2 threads of kernel $1 in limit output $2.
+rate_of() { printf '%s\n' "$2" | awk -v k="$1" '/^RESULT/ && /full threads=2/ && $3 == k { print $(NF-3) }'; }
+# FILE validated in $1 seconds against a ceiling of $2 G samples/s, in
+# percent ("-" without a ceiling).
+ratio() { if [ -n "$2" ]; then python3 -c "print(f'{$samples / $1 / 1e9 / $2 * 100:.1f}')"; else echo -; fi; }
 ratios=()
 for r in $(seq "$rounds"); do
   out=$("$qemlimit" bench A --blocks 32 --reps 5 --enc-reps 1 --dec "$kernels" 2>&1)
-  rate_of() { printf '%s\n' "$out" | awk -v k="$1" '/^RESULT/ && /full threads=2/ && $3 == k { print $(NF-3) }'; }
-  c=$(rate_of "$kernel")
-  c2=$([ -n "$kernel_avx2" ] && rate_of "$kernel_avx2" || true)
+  c=$(rate_of "$kernel" "$out")
+  c2=$([ -z "$kernel_avx2" ] || rate_of "$kernel_avx2" "$out")
   v=$(best_of "$qem" validate "$file")
   v2=$(QEMFS_KERNEL=avx2 best_of "$qem" validate "$file")
-  ratios+=("$(python3 -c "n=$samples; print(f'{n/$v/1e9/$c*100:.1f}', f'{n/$v2/1e9/${c2:-0}*100:.1f}' if '$c2' else '-')")")
+  ratios+=("$(ratio "$v" "$c") $(ratio "$v2" "$c2")")
   echo "round $r: ceiling $c (avx2 ${c2:--}) G samples/s; validate $v s, avx2 $v2 s;" \
     "ratios ${ratios[-1]// /% and }%  [load $(load)]"
 done

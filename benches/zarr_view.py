@@ -95,13 +95,15 @@ def read_halves(chunks):
 def chunk_read(src: Path, cache_mib: int):
     """Every chunk of `data.zarr/data` of `src`'s scan.qem read by 2
     processes on a fresh mount: (bytes, seconds, chunks, daemon CPU
-    seconds, readers' CPU seconds, daemon peak RSS in MiB)."""
+    seconds, daemon minor page faults, readers' CPU seconds, daemon peak
+    RSS in MiB)."""
     m = Mount(src, cache_mib)
     try:
         chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
-        cpu = m.cpu_s()
+        cpu, faults = m.cpu_s(), m.minor_faults()
         n, s, readers = read_halves(chunks)
-        return n, s, len(chunks), m.cpu_s() - cpu, readers, m.hwm_mib()
+        return (n, s, len(chunks), m.cpu_s() - cpu, m.minor_faults() - faults, readers,
+                m.hwm_mib())
     finally:
         m.close()
 
@@ -119,11 +121,20 @@ class Mount:
                 return int(line.split()[1]) / 1024
         return float("nan")
 
+    def stat(self) -> list:
+        """The daemon's /proc stat fields after its name (field 3 on)."""
+        return open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
+
     def cpu_s(self) -> float:
         """The daemon's CPU time so far (user + system): steadier than wall
         time on shared cores."""
-        fields = open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[1].split()
+        fields = self.stat()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def minor_faults(self) -> int:
+        """The daemon's minor page faults so far: a fresh page each, most
+        of them while a cold cache fills."""
+        return int(self.stat()[7])
 
     def close(self):
         subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
@@ -234,12 +245,12 @@ def main():
         if os.geteuid() == 0 and Path("/dev/fuse").exists():
             reads = []
             for _ in range(args.runs):
-                n, s, chunks, cpu, readers, rss = chunk_read(src, args.cache_size)
+                n, s, chunks, cpu, faults, readers, rss = chunk_read(src, args.cache_size)
                 reads.append(s)
                 if s == min(reads):
                     line = (f"{n / s / 1e6:.0f} MB/s ({cat_s / s * 100:.0f}% of qem cat's rate), "
-                            f"{chunks} chunks; CPU: daemon {cpu:.2f} s, readers "
-                            f"{readers:.2f} s; peak RSS {rss:.0f} MiB")
+                            f"{chunks} chunks; CPU: daemon {cpu:.2f} s ({faults} page faults), "
+                            f"readers {readers:.2f} s; peak RSS {rss:.0f} MiB")
             chunks_s = min(reads)
             print(f"every data.zarr chunk through the mount (a fresh mount each), 2 processes: "
                   f"fastest of {args.runs} {chunks_s:.3f} s (all: "

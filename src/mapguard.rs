@@ -51,18 +51,24 @@ pub fn faults() -> u64 {
     FAULTS.load(Ordering::SeqCst)
 }
 
+/// The system's page size (4096 where it cannot be asked).
+pub(crate) fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page)
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
+}
+
 /// Installs the handler (once per process). The mount daemon calls this at
 /// start-up; the `qem` and `semq` commands call [`install_strict`].
 pub fn install() {
     INSTALL.call_once(|| {
-        // SAFETY: sysconf has no preconditions; sigaction gets a zeroed,
-        // fully initialised struct and a handler with the SA_SIGINFO
-        // signature.
+        PAGE.store(page_size(), Ordering::SeqCst);
+        // SAFETY: sigaction gets a zeroed, fully initialised struct and a
+        // handler with the SA_SIGINFO signature.
         unsafe {
-            let page = libc::sysconf(libc::_SC_PAGESIZE);
-            if page > 0 {
-                PAGE.store(page as usize, Ordering::SeqCst);
-            }
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = on_sigbus as *const () as usize;
             action.sa_flags = libc::SA_SIGINFO;

@@ -325,9 +325,10 @@ pub(crate) fn zeroed_on_huge_pages(len: usize) -> Vec<u8> {
     #[cfg(target_os = "linux")]
     if len >= HUGE {
         // The whole pages inside the allocation, none beyond it.
+        let page = crate::mapguard::page_size();
         let start = v.as_mut_ptr() as usize;
-        let first = start.next_multiple_of(4096);
-        let end = (start + len) / 4096 * 4096;
+        let first = start.next_multiple_of(page);
+        let end = (start + len) / page * page;
         if end > first {
             // SAFETY: advice on pages of an allocation this function owns;
             // madvise reads and writes none of their bytes.
