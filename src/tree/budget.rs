@@ -39,6 +39,14 @@ impl Charged for Vec<u8> {
     }
 }
 
+/// Weighed by the memory it holds, which may reach past its length to the
+/// end of its last huge page.
+impl Charged for super::block_buf::BlockBuf {
+    fn charge(&self) -> usize {
+        self.capacity()
+    }
+}
+
 impl Weighted for dyn Charged {
     fn weight(&self) -> usize {
         self.charge()

@@ -57,15 +57,20 @@ pub trait Content: Send + Sync {
 /// if the budget lets the value go meanwhile.
 #[derive(Clone)]
 pub struct Held {
-    bytes: Arc<Vec<u8>>,
+    bytes: Arc<dyn AsRef<[u8]> + Send + Sync>,
     range: std::ops::Range<usize>,
 }
 
 impl Held {
     /// `bytes[start..start + len]`, clamped to the value's end.
-    pub fn new(bytes: Arc<Vec<u8>>, start: usize, len: usize) -> Self {
-        let start = start.min(bytes.len());
-        let end = start + len.min(bytes.len() - start);
+    pub fn new(
+        bytes: Arc<impl AsRef<[u8]> + Send + Sync + 'static>,
+        start: usize,
+        len: usize,
+    ) -> Self {
+        let all = (*bytes).as_ref().len();
+        let start = start.min(all);
+        let end = start + len.min(all - start);
         Held {
             bytes,
             range: start..end,
@@ -77,7 +82,7 @@ impl std::ops::Deref for Held {
     type Target = [u8];
 
     fn deref(&self) -> &[u8] {
-        &self.bytes[self.range.clone()]
+        &(*self.bytes).as_ref()[self.range.clone()]
     }
 }
 

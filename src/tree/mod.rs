@@ -18,6 +18,7 @@
 //! directory (`qemfs mount scan.qem /mnt/scan`). What of the source is
 //! shown (symbolic links, the mount point itself) is decided in `source`.
 
+pub(crate) mod block_buf;
 pub mod budget;
 pub mod content;
 pub mod filesystem;
@@ -310,35 +311,6 @@ pub(crate) fn give_back_freed_memory() {
     unsafe {
         libc::malloc_trim(0);
     }
-}
-
-/// `len` zeroed bytes, in memory the kernel is asked to back with huge
-/// pages before the first byte is touched. A decoded block is written
-/// whole, once, into a fresh buffer: in 4 KiB pages its first write is one
-/// page fault per page (a cold mount's reads of every Zarr chunk spent a
-/// fifth of the daemon's CPU in those faults); in 2 MiB pages, one per 512.
-/// Only advice: where transparent huge pages are off, the buffer is as
-/// `vec![0; len]` would be.
-pub(crate) fn zeroed_on_huge_pages(len: usize) -> Vec<u8> {
-    const HUGE: usize = 2 << 20;
-    let mut v = Vec::with_capacity(len);
-    #[cfg(target_os = "linux")]
-    if len >= HUGE {
-        // The whole pages inside the allocation, none beyond it.
-        let page = crate::mapguard::page_size();
-        let start = v.as_mut_ptr() as usize;
-        let first = start.next_multiple_of(page);
-        let end = (start + len) / page * page;
-        if end > first {
-            // SAFETY: advice on pages of an allocation this function owns;
-            // madvise reads and writes none of their bytes.
-            unsafe {
-                libc::madvise(first as *mut libc::c_void, end - first, libc::MADV_HUGEPAGE);
-            }
-        }
-    }
-    v.resize(len, 0);
-    v
 }
 
 /// A mirrored source folder (or one container file).

@@ -17,6 +17,7 @@ use crate::qem::{BlockCursor, BlockInfo, Codec, Dtype, LogicalDigest, QemFile, W
 use crate::reduce::geometry::DetectorOptions;
 use crate::reduce::Accelerator;
 
+use super::block_buf::BlockBuf;
 use super::budget::{CacheKey, Charged};
 use super::content::{copy_range, Content, Held, Lazy, Passthrough};
 use super::{prefetch, BlockKey, Budget, Directory, Entry, StaticDir, TreeError};
@@ -99,7 +100,7 @@ impl QemView {
         index: usize,
         window: usize,
         codes: bool,
-    ) -> Result<Arc<Vec<u8>>, TreeError> {
+    ) -> Result<Arc<BlockBuf>, TreeError> {
         self.load_window(index, window, codes, true)
     }
 
@@ -115,7 +116,7 @@ impl QemView {
         window: usize,
         codes: bool,
         reserve: bool,
-    ) -> Result<Arc<Vec<u8>>, TreeError> {
+    ) -> Result<Arc<BlockBuf>, TreeError> {
         let key = BlockKey {
             view: self.id,
             block: index,
@@ -188,7 +189,7 @@ impl QemView {
         window: usize,
         n: usize,
         codes: bool,
-    ) -> Result<Vec<u8>, crate::qem::QemError> {
+    ) -> Result<BlockBuf, crate::qem::QemError> {
         // Windows start at multiples of `w`, so a cursor stands at one.
         let w = self.window_frames(info).max(1);
         let take_at = |frame| {
@@ -345,7 +346,7 @@ impl QemView {
     /// The decoded window holding array byte `at` and where `at` lies in
     /// it; notes sequential reading (prefetching the next window) and
     /// feeds a float file's whole-array checksum.
-    fn piece(self: &Arc<Self>, at: u64, codes: bool) -> Result<(Arc<Vec<u8>>, usize), TreeError> {
+    fn piece(self: &Arc<Self>, at: u64, codes: bool) -> Result<(Arc<BlockBuf>, usize), TreeError> {
         let (info, window, n) = self.span_of(at, codes)?;
         let block = self.window(info.index, window, codes)?;
         // Sequential reading: this window again, or the one after the
@@ -557,7 +558,7 @@ impl QemView {
 /// free buffers are kept, so memory stays within the cache's budget plus
 /// that.
 struct Recycler {
-    handed: Mutex<std::collections::VecDeque<Arc<Vec<u8>>>>,
+    handed: Mutex<std::collections::VecDeque<Arc<BlockBuf>>>,
 }
 
 /// Reads of at most this many frames of a window no one holds decode just
@@ -628,7 +629,7 @@ static RECYCLED: Recycler = Recycler {
 impl Recycler {
     /// A buffer of `len` bytes: a free one of about that size when there is
     /// one, else a new one. Its contents are stale.
-    fn take(&self, len: usize) -> Vec<u8> {
+    fn take(&self, len: usize) -> BlockBuf {
         let mut reuse = None;
         {
             let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
@@ -639,9 +640,8 @@ impl Recycler {
                 if Arc::strong_count(b) > 1 {
                     return true;
                 }
-                // Not much larger: the cache weighs a block by its length,
-                // so a small block in a large buffer would hide memory.
-                if reuse.is_none() && (len..=len + len / 4).contains(&b.capacity()) {
+                // Not much larger (see `BlockBuf::fits`).
+                if reuse.is_none() && b.fits(len) {
                     reuse = Some(Arc::clone(b));
                     return false;
                 }
@@ -651,15 +651,15 @@ impl Recycler {
         }
         match reuse.and_then(|b| Arc::try_unwrap(b).ok()) {
             Some(mut v) => {
-                v.resize(len, 0);
+                v.set_len(len);
                 v
             }
-            None => super::zeroed_on_huge_pages(len),
+            None => BlockBuf::zeroed(len),
         }
     }
 
     /// `block`, shared, and remembered for reuse.
-    fn hand_out(&self, block: Vec<u8>) -> Arc<Vec<u8>> {
+    fn hand_out(&self, block: BlockBuf) -> Arc<BlockBuf> {
         let block = Arc::new(block);
         let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
         handed.push_back(Arc::clone(&block));
@@ -1091,23 +1091,29 @@ mod tests {
         }
     }
 
+    fn filled(len: usize, byte: u8) -> BlockBuf {
+        let mut b = BlockBuf::zeroed(len);
+        b.fill(byte);
+        b
+    }
+
     /// A buffer is reused only once nothing but the list holds it: never
     /// while the cache or a reader still does (its bytes are being served).
     #[test]
     fn buffers_are_reused_only_when_let_go() {
         let r = recycler();
-        let held = r.hand_out(vec![7u8; 1000]);
+        let held = r.hand_out(filled(1000, 7));
         let fresh = r.take(1000);
         assert_ne!(fresh.as_ptr(), held.as_ptr(), "a held buffer was reused");
-        assert_eq!(*held, vec![7u8; 1000]);
+        assert_eq!(held[..], [7u8; 1000]);
         let at = held.as_ptr();
         drop(held);
         let reused = r.take(900);
         assert_eq!((reused.as_ptr(), reused.len()), (at, 900));
         // Too small, or much larger than asked (the cache would weigh it
         // by the smaller length): left alone, and a new one made.
-        let small = r.hand_out(vec![0u8; 10]);
-        let large = r.hand_out(vec![0u8; 4000]);
+        let small = r.hand_out(filled(10, 0));
+        let large = r.hand_out(filled(4000, 0));
         let (small_at, large_at) = (small.as_ptr(), large.as_ptr());
         drop((small, large));
         let got = r.take(20);
@@ -1122,7 +1128,7 @@ mod tests {
     fn spare_buffers_are_bounded() {
         let r = recycler();
         for _ in 0..8 {
-            drop(r.hand_out(vec![0u8; 16 << 20]));
+            drop(r.hand_out(filled(16 << 20, 0)));
         }
         let _ = r.take(1);
         let kept: usize = r.handed.lock().unwrap().iter().map(|b| b.capacity()).sum();
