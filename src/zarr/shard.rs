@@ -8,7 +8,7 @@
 //! reader still fetches a single chunk by a byte range.
 
 /// Decoded size of a shard when the user does not say. Measured on a
-/// 128×128 × 128×128 uint16 scan (figures in the README): the write rate
+/// 128×128 × 128×128 uint16 scan (figures in benches/RESULTS.md): the write rate
 /// does not depend on it; 64 MiB cuts the files of `data` from 33 to 9
 /// while zarr-python's whole-array read stays near the unsharded rate,
 /// where 128 and 256 MiB shards (5 and 3 files) read it up to 2× slower,
