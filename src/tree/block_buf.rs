@@ -116,11 +116,10 @@ impl BlockBuf {
             let cap = len.next_multiple_of(huge);
             match Mapping::new(cap, huge) {
                 Some(map) => Store::Mapped(map),
-                // As a vector would when memory runs out.
-                None => std::alloc::handle_alloc_error(
-                    std::alloc::Layout::from_size_align(cap, huge)
-                        .unwrap_or(std::alloc::Layout::new::<u8>()),
-                ),
+                // Refused (out of address space, or of mappings: a budget
+                // of hundreds of GB in 2 MiB blocks nears vm.max_map_count):
+                // the heap, in small pages, as before this type existed.
+                None => Store::Heap(vec![0; len]),
             }
         } else {
             Store::Heap(vec![0; len])
