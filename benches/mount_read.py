@@ -50,12 +50,6 @@ REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
 
 
-def own_cpu() -> float:
-    """This process's CPU time (user + system) so far: its reads."""
-    t = os.times()
-    return t.user + t.system
-
-
 def load() -> str:
     return "load " + " ".join(open("/proc/loadavg").read().split()[:3])
 
@@ -91,11 +85,11 @@ def main():
         # read faster together.
         m = Mount(src, args.cache_size)
         try:
-            cpu, mine = m.cpu_s(), own_cpu()
+            cpu = m.cpu_s()
             t = time.perf_counter()
-            n = read_files([m.mnt / "scan.qem" / "data.npy"])
+            n, reader_cpu = read_files_cpu([m.mnt / "scan.qem" / "data.npy"])
             s = time.perf_counter() - t
-            busy = (m.cpu_s() - cpu + own_cpu() - mine) / s
+            busy = (m.cpu_s() - cpu + reader_cpu) / s
             print(f"mount data.npy sequential, cold: {s:.3f} s, {n / s / 1e6:.0f} MB/s "
                   f"({cat_s / s * 100:.0f}% of qem cat); daemon and reader {busy:.2f} cores busy; "
                   f"daemon peak RSS {m.hwm_mib():.0f} MiB  [{load()}]")

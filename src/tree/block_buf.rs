@@ -9,13 +9,15 @@
 //! boundary and above its last stayed in small pages (about 2 MiB a block,
 //! 13k faults when a 256 MiB cache first fills). So a large buffer here is
 //! its own anonymous mapping, aligned to the huge-page size and a whole
-//! number of huge pages long, advised to use them before its first byte is
-//! touched. Its memory goes back to the system when it is dropped, and it
+//! number of huge pages long (inside a mapping one huge page longer),
+//! advised to use them before its first byte is touched. Its memory goes back to the system when it is dropped, and it
 //! comes zeroed from the kernel, with no pass of our own to clear it.
 //! Small buffers are ordinary vectors.
 
 use std::ops::{Deref, DerefMut};
 use std::sync::OnceLock;
+
+use memmap2::MmapMut;
 
 /// Bytes of one decoded block (or window of one), zeroed when made.
 pub struct BlockBuf {
@@ -25,29 +27,14 @@ pub struct BlockBuf {
 
 enum Store {
     Heap(Vec<u8>),
-    Mapped(Mapping),
-}
-
-/// An anonymous private mapping this buffer owns alone.
-struct Mapping {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: the mapping is owned by one `BlockBuf`; shared access is through
-// `&[u8]` only, mutation through `&mut self`, as for a `Vec<u8>`.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr..ptr + len` is exactly the mapping made in
-        // `Mapping::new`, and nothing borrows it once its owner is dropped.
-        unsafe {
-            libc::munmap(self.ptr.as_ptr().cast(), self.len);
-        }
-    }
+    /// An anonymous mapping one huge page longer than `cap`, used from
+    /// `offset` (the first huge-page boundary in it) on: the parts before
+    /// and after are never touched, so they take no memory.
+    Mapped {
+        map: MmapMut,
+        offset: usize,
+        cap: usize,
+    },
 }
 
 /// The size of a transparent huge page (2 MiB where the kernel does not
@@ -63,67 +50,42 @@ pub(crate) fn huge_page_size() -> usize {
     })
 }
 
-impl Mapping {
-    /// `len` (a multiple of `align`, itself a multiple of the page size)
-    /// zeroed bytes starting on a multiple of `align`; `None` where the
-    /// system refuses the memory.
-    fn new(len: usize, align: usize) -> Option<Mapping> {
-        let total = len.checked_add(align)?;
-        // SAFETY: a fresh anonymous mapping; no existing memory is named.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return None;
-        }
-        let base = base as usize;
-        let start = base.next_multiple_of(align);
-        // SAFETY: both ranges lie inside the mapping just made, on page
-        // boundaries (base, start and len are multiples of the page size),
-        // and hold nothing yet; what stays is `start..start + len`.
-        unsafe {
-            if start > base {
-                libc::munmap(base as *mut libc::c_void, start - base);
-            }
-            let end = start + len;
-            if base + total > end {
-                libc::munmap(end as *mut libc::c_void, base + total - end);
-            }
-            // Only advice: where transparent huge pages are off, the
-            // mapping is in small pages as any other.
-            #[cfg(target_os = "linux")]
-            libc::madvise(start as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
-        }
-        Some(Mapping {
-            ptr: std::ptr::NonNull::new(start as *mut u8)?,
-            len,
-        })
+/// What a fresh buffer of `len` bytes holds: whole huge pages from one
+/// huge page on, else exactly `len`.
+fn capacity_for(len: usize) -> usize {
+    let huge = huge_page_size();
+    if len >= huge {
+        len.next_multiple_of(huge)
+    } else {
+        len
     }
+}
+
+/// `cap` zeroed bytes (a multiple of the huge-page size) starting on a
+/// huge-page boundary, advised to use huge pages; `None` where the system
+/// refuses the memory.
+fn mapped(cap: usize) -> Option<Store> {
+    let huge = huge_page_size();
+    let map = MmapMut::map_anon(cap.checked_add(huge)?).ok()?;
+    let offset = (map.as_ptr() as usize).next_multiple_of(huge) - map.as_ptr() as usize;
+    // Only advice: where transparent huge pages are off, the mapping is in
+    // small pages as any other. Over the whole mapping, so that it stays
+    // one mapping (the untouched ends hold no whole aligned huge page).
+    #[cfg(target_os = "linux")]
+    let _ = map.advise(memmap2::Advice::HugePage);
+    Some(Store::Mapped { map, offset, cap })
 }
 
 impl BlockBuf {
     /// `len` zeroed bytes.
     pub fn zeroed(len: usize) -> BlockBuf {
-        let huge = huge_page_size();
-        let store = if len >= huge {
-            let cap = len.next_multiple_of(huge);
-            match Mapping::new(cap, huge) {
-                Some(map) => Store::Mapped(map),
-                // Refused (out of address space, or of mappings: a budget
-                // of hundreds of GB in 2 MiB blocks nears vm.max_map_count):
-                // the heap, in small pages, as before this type existed.
-                None => Store::Heap(vec![0; len]),
-            }
-        } else {
-            Store::Heap(vec![0; len])
-        };
+        let store = (len >= huge_page_size())
+            .then(|| mapped(capacity_for(len)))
+            .flatten()
+            // Small, or refused (out of address space, or of mappings: a
+            // budget of hundreds of GB in 2 MiB blocks nears
+            // vm.max_map_count): the heap, in small pages.
+            .unwrap_or_else(|| Store::Heap(vec![0; len]));
         BlockBuf { store, len }
     }
 
@@ -131,7 +93,7 @@ impl BlockBuf {
     pub fn capacity(&self) -> usize {
         match &self.store {
             Store::Heap(v) => v.len(),
-            Store::Mapped(m) => m.len,
+            Store::Mapped { cap, .. } => *cap,
         }
     }
 
@@ -140,12 +102,7 @@ impl BlockBuf {
     /// their capacity would otherwise count a small block in a large buffer
     /// as large.
     pub fn fits(&self, len: usize) -> bool {
-        let fresh = if len >= huge_page_size() {
-            len.next_multiple_of(huge_page_size())
-        } else {
-            len
-        };
-        (len..=fresh + len / 4).contains(&self.capacity())
+        (len..=capacity_for(len) + len / 4).contains(&self.capacity())
     }
 
     /// Makes the buffer `len` bytes long (at most its capacity), keeping
@@ -163,10 +120,7 @@ impl Deref for BlockBuf {
     fn deref(&self) -> &[u8] {
         match &self.store {
             Store::Heap(v) => &v[..self.len],
-            // SAFETY: `len` is at most the mapping's length (`set_len`),
-            // and every byte of the mapping is initialised (zeroed by the
-            // kernel, then only ever written as bytes).
-            Store::Mapped(m) => unsafe { std::slice::from_raw_parts(m.ptr.as_ptr(), self.len) },
+            Store::Mapped { map, offset, .. } => &map[*offset..*offset + self.len],
         }
     }
 }
@@ -175,8 +129,7 @@ impl DerefMut for BlockBuf {
     fn deref_mut(&mut self) -> &mut [u8] {
         match &mut self.store {
             Store::Heap(v) => &mut v[..self.len],
-            // SAFETY: as in `deref`; `&mut self` makes the borrow unique.
-            Store::Mapped(m) => unsafe { std::slice::from_raw_parts_mut(m.ptr.as_ptr(), self.len) },
+            Store::Mapped { map, offset, .. } => &mut map[*offset..*offset + self.len],
         }
     }
 }
