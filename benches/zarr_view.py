@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The Zarr view and store against the plain decode, on one acquisition.
 
-    .venv/bin/python benches/zarr_view.py [--scan 128] [--detector 128] [--cache-size 256] [--runs 3]
+    .venv/bin/python benches/zarr_view.py [--scan 128] [--detector 128] [--cache-size 256] [--runs 3] [--rounds 0]
 
 Makes a low-dose uint16 acquisition (scan x scan positions, detector x
 detector pixels, a bright disk and sparse counts elsewhere), converts it to
@@ -26,6 +26,11 @@ cores vary by 10-20%):
    exact sum (uint32 accumulation where pixels x the dtype's maximum fits,
    widened to uint64), which must equal it;
 4. `qem convert FILE X.zarr` (blosc-zstd), in MB/s of dense output.
+
+With --rounds N, then N rounds of issue 12's two ratios, each round's
+`qem cat`, chunk read and the example's exact Dask sum run back to back,
+and the ratios' medians: on shared cores whose speed drifts within minutes,
+the steadier figure (the fastest runs above come from phases minutes apart).
 
 Needs root and /dev/fuse for 2 and 3. Prints one line per figure.
 """
@@ -148,6 +153,36 @@ def worker_usage():
     return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
+def dask_once(client, src, cache_mib, reduce):
+    """`reduce` (a function of the Dask array) computed once by the
+    cluster's workers on a fresh mount (the block cache cold): (result,
+    seconds, daemon CPU seconds, workers' CPU seconds, workers' minor page
+    faults, this process's CPU seconds (the client and a LocalCluster's
+    scheduler), daemon peak RSS in MiB)."""
+    import dask.array as da
+    import zarr
+
+    m = Mount(src, cache_mib)
+    try:
+        array = zarr.open_array(str(m.mnt / "scan.qem" / "data.zarr" / "data"),
+                                mode="r", zarr_format=3)
+        data = da.from_zarr(array)
+        before = client.run(worker_usage)
+        cpu = m.cpu_s()
+        here = os.times()
+        t = time.perf_counter()
+        total = reduce(data).compute()
+        s = time.perf_counter() - t
+        cpu = m.cpu_s() - cpu
+        here = sum(os.times()[:2]) - sum(here[:2])
+        after = client.run(worker_usage)
+        workers_cpu = sum(after[w][0] - before[w][0] for w in before)
+        faults = sum(after[w][1] - before[w][1] for w in before)
+        return total, s, cpu, workers_cpu, faults, here, m.hwm_mib()
+    finally:
+        m.close()
+
+
 def dask_trials(client, src, cache_mib, label, sums, chunks_s, cat_s, scan, runs):
     """Each of `sums` (name, function of the Dask array) computed by the
     cluster's workers `runs` times, each time on a fresh mount (the block
@@ -155,51 +190,75 @@ def dask_trials(client, src, cache_mib, label, sums, chunks_s, cat_s, scan, runs
     cluster's first computation also pays Dask's own start: it runs the
     first sum once more beforehand, timed apart. Returns the results by
     name."""
-    import dask.array as da
-    import zarr
-
     first = None
     results = {}
     best = {}
     trials = [sums[0]] + [s for s in sums for _ in range(runs)]
     for i, (name, reduce) in enumerate(trials):
-        m = Mount(src, cache_mib)
-        try:
-            array = zarr.open_array(str(m.mnt / "scan.qem" / "data.zarr" / "data"),
-                                    mode="r", zarr_format=3)
-            data = da.from_zarr(array)
-            before = client.run(worker_usage)
-            cpu = m.cpu_s()
-            here = os.times()  # this process: the client and the LocalCluster's scheduler
-            t = time.perf_counter()
-            total = reduce(data).compute()
-            s = time.perf_counter() - t
-            cpu = m.cpu_s() - cpu
-            here = sum(os.times()[:2]) - sum(here[:2])
-            after = client.run(worker_usage)
-            workers_cpu = sum(after[w][0] - before[w][0] for w in before)
-            faults = sum(after[w][1] - before[w][1] for w in before)
-            assert total.shape == (scan, scan) and total.dtype == np.uint64
-            if first is None:
-                first = s
-                continue
-            results[name] = total
-            times = best.setdefault(name, [])
-            times.append(s)
-            if s == min(times):
-                # The fastest run's figures, printed after the last run.
-                line = (f"({s / cat_s:.2f}x the qem cat time, {s / chunks_s:.2f}x the chunk read; "
-                        f"the fresh cluster's first computation {first:.3f} s); CPU: daemon "
-                        f"{cpu:.2f} s, workers {workers_cpu:.2f} s ({faults} minor page faults), "
-                        f"client and scheduler {here:.2f} s; daemon peak RSS "
-                        f"{m.hwm_mib():.0f} MiB (cache budget {cache_mib} MiB)")
-            if i + 1 == len(trials) or trials[i + 1][0] != name:
-                print(f"Dask {name}, {label}, 2 worker processes, cold blocks: fastest of "
-                      f"{runs} {min(times):.3f} s (all: {', '.join(f'{x:.3f}' for x in times)}) "
-                      + line)
-        finally:
-            m.close()
+        total, s, cpu, workers_cpu, faults, here, rss = dask_once(client, src, cache_mib, reduce)
+        assert total.shape == (scan, scan) and total.dtype == np.uint64
+        if first is None:
+            first = s
+            continue
+        results[name] = total
+        times = best.setdefault(name, [])
+        times.append(s)
+        if s == min(times):
+            # The fastest run's figures, printed after the last run.
+            line = (f"({s / cat_s:.2f}x the qem cat time, {s / chunks_s:.2f}x the chunk read; "
+                    f"the fresh cluster's first computation {first:.3f} s); CPU: daemon "
+                    f"{cpu:.2f} s, workers {workers_cpu:.2f} s ({faults} minor page faults), "
+                    f"client and scheduler {here:.2f} s; daemon peak RSS "
+                    f"{rss:.0f} MiB (cache budget {cache_mib} MiB)")
+        if i + 1 == len(trials) or trials[i + 1][0] != name:
+            print(f"Dask {name}, {label}, 2 worker processes, cold blocks: fastest of "
+                  f"{runs} {min(times):.3f} s (all: {', '.join(f'{x:.3f}' for x in times)}) "
+                  + line)
     return results
+
+
+def cat_once(qem: Path) -> float:
+    """Seconds of `qem cat FILE data.npy > /dev/null`."""
+    t = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        subprocess.run([BIN / "qem", "cat", qem, "data.npy"], stdout=null, check=True)
+    return time.perf_counter() - t
+
+
+def rounds(src: Path, cache_mib: int, n: int):
+    """Issue 12's two ratios taken `n` times, each from three measurements
+    made back to back: `qem cat`, the chunk read (2 processes, a fresh
+    mount) and the example's exact Dask sum (a fresh mount, on a cluster
+    of the example's started after the chunk read, so that its idle
+    workers take no CPU from the read, and warmed by one computation). A
+    shared host whose speed drifts within minutes biases ratios of figures
+    taken in separate phases; the median of ratios taken within rounds is
+    the steadier figure."""
+    from dask.distributed import Client
+
+    from dask_virtual_images import detector_sum, local_cluster
+
+    qem = src / "scan.qem"
+    reads, dasks = [], []
+    for r in range(n):
+        cat_s = cat_once(qem)
+        chunks_s = chunk_read(src, cache_mib)[1]
+        restore_environ()
+        with local_cluster(2) as cluster, Client(cluster) as client:
+            dask_once(client, src, cache_mib, detector_sum)
+            dask_s = dask_once(client, src, cache_mib, detector_sum)[1]
+        restore_environ()
+        reads.append(cat_s / chunks_s)
+        dasks.append(dask_s / chunks_s)
+        print(f"round {r + 1}: qem cat {cat_s:.3f} s, chunk read {chunks_s:.3f} s, Dask sum "
+              f"{dask_s:.3f} s; chunk read at {reads[-1] * 100:.0f}% of qem cat's rate, "
+              f"Dask sum {dasks[-1]:.2f}x the chunk read  [load {load()}]")
+    print(f"median of {n} rounds: chunk read at {np.median(reads) * 100:.0f}% of qem cat's rate "
+          f"(target 80%), Dask sum {np.median(dasks):.2f}x the chunk read (target 1.5x)")
+
+
+def load() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def main():
@@ -209,6 +268,9 @@ def main():
     p.add_argument("--cache-size", type=int, default=256, help="daemon cache budget, MiB")
     p.add_argument("--runs", type=int, default=3,
                    help="runs of each figure, the fastest reported (default 3)")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="then this many rounds of the chunk read's and the Dask sum's ratios, "
+                        "each from back-to-back runs, and their medians (default 0)")
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="qemfs-zarr-bench-"))
     try:
@@ -224,12 +286,7 @@ def main():
         print(f"acquisition: {args.scan}x{args.scan} x {args.detector}x{args.detector} uint16, "
               f"{dense / 1e6:.0f} MB dense, {qem.stat().st_size / 1e6:.1f} MB as .qem")
 
-        cats = []
-        for _ in range(args.runs):
-            t = time.perf_counter()
-            with open(os.devnull, "wb") as null:
-                subprocess.run([BIN / "qem", "cat", qem, "data.npy"], stdout=null, check=True)
-            cats.append(time.perf_counter() - t)
+        cats = [cat_once(qem) for _ in range(args.runs)]
         cat_s = min(cats)
         print(f"qem cat data.npy > /dev/null: fastest of {args.runs} {cat_s:.3f} s "
               f"(all: {', '.join(f'{x:.3f}' for x in cats)}), {dense / cat_s / 1e6:.0f} MB/s")
@@ -280,6 +337,8 @@ def main():
                     results.setdefault("reference", total)
                     assert np.array_equal(total, results["reference"])
                 restore_environ()
+            if args.rounds:
+                rounds(src, args.cache_size, args.rounds)
         else:
             print("mount figures skipped: they need root and /dev/fuse")
 
