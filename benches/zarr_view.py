@@ -36,6 +36,7 @@ Needs root and /dev/fuse for 2 and 3. Prints one line per figure.
 """
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -101,14 +102,14 @@ def chunk_read(src: Path, cache_mib: int):
     """Every chunk of `data.zarr/data` of `src`'s scan.qem read by 2
     processes on a fresh mount: (bytes, seconds, chunks, daemon CPU
     seconds, daemon minor page faults, readers' CPU seconds, daemon peak
-    RSS in MiB)."""
+    RSS in MiB, blocks decoded)."""
     m = Mount(src, cache_mib)
     try:
         chunks = sorted((m.mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
-        cpu, faults = m.cpu_s(), m.minor_faults()
+        cpu, faults, loads = m.cpu_s(), m.minor_faults(), m.loads()
         n, s, readers = read_halves(chunks)
         return (n, s, len(chunks), m.cpu_s() - cpu, m.minor_faults() - faults, readers,
-                m.hwm_mib())
+                m.hwm_mib(), m.loads() - loads)
     finally:
         m.close()
 
@@ -141,6 +142,12 @@ class Mount:
         of them while a cold cache fills."""
         return int(self.stat()[7])
 
+    def loads(self) -> int:
+        """Values the daemon's budget has loaded so far: blocks decoded
+        (and products computed, none here). More than the chunks read
+        means blocks were evicted before all their reads were served."""
+        return json.loads(os.getxattr(self.mnt, "user.qemfs.cache"))["loads"]
+
     def close(self):
         subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
         shutil.rmtree(self.mnt, ignore_errors=True)
@@ -158,7 +165,7 @@ def dask_once(client, src, cache_mib, reduce):
     cluster's workers on a fresh mount (the block cache cold): (result,
     seconds, daemon CPU seconds, workers' CPU seconds, workers' minor page
     faults, this process's CPU seconds (the client and a LocalCluster's
-    scheduler), daemon peak RSS in MiB)."""
+    scheduler), daemon peak RSS in MiB, blocks decoded)."""
     import dask.array as da
     import zarr
 
@@ -168,7 +175,7 @@ def dask_once(client, src, cache_mib, reduce):
                                 mode="r", zarr_format=3)
         data = da.from_zarr(array)
         before = client.run(worker_usage)
-        cpu = m.cpu_s()
+        cpu, loads = m.cpu_s(), m.loads()
         here = os.times()
         t = time.perf_counter()
         total = reduce(data).compute()
@@ -178,7 +185,7 @@ def dask_once(client, src, cache_mib, reduce):
         after = client.run(worker_usage)
         workers_cpu = sum(after[w][0] - before[w][0] for w in before)
         faults = sum(after[w][1] - before[w][1] for w in before)
-        return total, s, cpu, workers_cpu, faults, here, m.hwm_mib()
+        return total, s, cpu, workers_cpu, faults, here, m.hwm_mib(), m.loads() - loads
     finally:
         m.close()
 
@@ -195,7 +202,8 @@ def dask_trials(client, src, cache_mib, label, sums, chunks_s, cat_s, scan, runs
     best = {}
     trials = [sums[0]] + [s for s in sums for _ in range(runs)]
     for i, (name, reduce) in enumerate(trials):
-        total, s, cpu, workers_cpu, faults, here, rss = dask_once(client, src, cache_mib, reduce)
+        total, s, cpu, workers_cpu, faults, here, rss, decoded = dask_once(
+            client, src, cache_mib, reduce)
         assert total.shape == (scan, scan) and total.dtype == np.uint64
         if first is None:
             first = s
@@ -208,7 +216,7 @@ def dask_trials(client, src, cache_mib, label, sums, chunks_s, cat_s, scan, runs
             line = (f"({s / cat_s:.2f}x the qem cat time, {s / chunks_s:.2f}x the chunk read; "
                     f"the fresh cluster's first computation {first:.3f} s); CPU: daemon "
                     f"{cpu:.2f} s, workers {workers_cpu:.2f} s ({faults} minor page faults), "
-                    f"client and scheduler {here:.2f} s; daemon peak RSS "
+                    f"client and scheduler {here:.2f} s; {decoded} blocks decoded; daemon peak RSS "
                     f"{rss:.0f} MiB (cache budget {cache_mib} MiB)")
         if i + 1 == len(trials) or trials[i + 1][0] != name:
             print(f"Dask {name}, {label}, 2 worker processes, cold blocks: fastest of "
@@ -302,11 +310,12 @@ def main():
         if os.geteuid() == 0 and Path("/dev/fuse").exists():
             reads = []
             for _ in range(args.runs):
-                n, s, chunks, cpu, faults, readers, rss = chunk_read(src, args.cache_size)
+                n, s, chunks, cpu, faults, readers, rss, decoded = chunk_read(src, args.cache_size)
                 reads.append(s)
                 if s == min(reads):
                     line = (f"{n / s / 1e6:.0f} MB/s ({cat_s / s * 100:.0f}% of qem cat's rate), "
-                            f"{chunks} chunks; CPU: daemon {cpu:.2f} s ({faults} page faults), "
+                            f"{chunks} chunks, {decoded} blocks decoded; "
+                            f"CPU: daemon {cpu:.2f} s ({faults} page faults), "
                             f"readers {readers:.2f} s; peak RSS {rss:.0f} MiB")
             chunks_s = min(reads)
             print(f"every data.zarr chunk through the mount (a fresh mount each), 2 processes: "

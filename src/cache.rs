@@ -50,11 +50,17 @@ struct State<K: Hash + Eq, V: ?Sized, E> {
     loading: HashMap<K, Slot<V, E>>,
 }
 
-/// Counters for `info` views and benchmarks.
+/// Counters for the mount's `user.qemfs.cache` attribute and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
+    /// Lookups answered with a held value.
     pub hits: u64,
+    /// Lookups that found none: each loads the value, or waits for the
+    /// load of it already under way.
     pub misses: u64,
+    /// Values loaded (blocks decoded, products computed): more than the
+    /// keys ever asked for when values are evicted and asked for again.
+    pub loads: u64,
     pub evictions: u64,
     pub entries: usize,
     pub bytes: usize,
@@ -70,6 +76,7 @@ pub struct BlockCache<K: Hash + Eq, V: ?Sized, E> {
     room: Condvar,
     hits: AtomicU64,
     misses: AtomicU64,
+    loads: AtomicU64,
     evictions: AtomicU64,
 }
 
@@ -93,6 +100,7 @@ where
             room: Condvar::new(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
+            loads: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
         }
     }
@@ -118,7 +126,12 @@ where
                     .or_insert_with(|| Arc::new(OnceLock::new())),
             )
         };
-        let result = slot.get_or_init(load).clone();
+        let result = slot
+            .get_or_init(|| {
+                self.loads.fetch_add(1, Ordering::Relaxed);
+                load()
+            })
+            .clone();
         let mut state = self.lock();
         let mut evicted = Evicted::new();
         // Whoever gets here first retires the slot and publishes the value,
@@ -259,6 +272,7 @@ where
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+            loads: self.loads.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             entries: state.lru.len(),
             bytes: state.bytes,
@@ -336,6 +350,9 @@ mod tests {
         cache.get_or_load(&3, || block(100)).unwrap();
         assert!(cache.get(&1).is_some());
         assert!(cache.get(&2).is_none());
+        // Asked for again after its eviction, 0 is loaded a second time.
+        cache.get_or_load(&0, || block(100)).unwrap();
+        assert_eq!((cache.stats().misses, cache.stats().loads), (5, 5));
     }
 
     #[test]
@@ -376,6 +393,11 @@ mod tests {
         let values: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
         assert_eq!(loads.load(Ordering::SeqCst), 1);
         assert!(values.iter().all(|v| Arc::ptr_eq(v, &values[0])));
+        // Every caller missed; one load served them all.
+        let stats = cache.stats();
+        assert_eq!((stats.hits, stats.misses, stats.loads), (0, 8, 1));
+        cache.get_or_load(&7, || block(64)).unwrap();
+        assert_eq!((cache.stats().hits, cache.stats().loads), (1, 1));
     }
 
     #[test]

@@ -93,7 +93,8 @@ struct MountArgs {
     #[arg(long)]
     log_file: Option<PathBuf>,
     /// The byte budget of all the mount computes and holds (decoded
-    /// blocks, virtual images, digests, JSON documents), in MiB
+    /// blocks, virtual images, digests, JSON documents), in MiB. Its
+    /// counters: `getfattr -n user.qemfs.cache --only-values MOUNTPOINT`
     #[arg(long, default_value = "1024", value_name = "MiB", value_parser = at_least_one)]
     cache_size: usize,
     /// Threads answering reads (default: twice the number of CPUs)

@@ -31,6 +31,11 @@ pub const TTL: Duration = Duration::from_secs(1);
 /// The number of the root.
 pub const ROOT: u64 = 1;
 
+/// The root's attribute with the byte budget's counters, as JSON: what
+/// `--cache-size` holds now and how lookups have gone since the mount
+/// started (`getfattr -n user.qemfs.cache --only-values MOUNTPOINT`).
+pub const CACHE_XATTR: &str = "user.qemfs.cache";
+
 /// Why a request failed, by the errno the kernel gets.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -611,14 +616,32 @@ impl Filesystem {
     }
 
     /// Extended attributes of `ino`: the container's, and on the root the
-    /// daemon's own.
+    /// daemon's own and the budget's counters ([`CACHE_XATTR`]).
     pub fn xattrs(&self, ino: u64) -> Result<Vec<(String, Vec<u8>)>, FsError> {
         let (path, _) = self.node(ino)?;
         let mut out = self.tree.xattrs(&path);
         if ino == ROOT {
             out.extend(self.root_xattrs.iter().cloned());
+            out.push((CACHE_XATTR.to_string(), self.cache_counters()));
         }
         Ok(out)
+    }
+
+    /// The budget's counters as a JSON object (see [`crate::cache::CacheStats`]).
+    fn cache_counters(&self) -> Vec<u8> {
+        let s = self.tree.cache().stats();
+        serde_json::json!({
+            "budget_bytes": s.budget,
+            "held_bytes": s.bytes,
+            "reserved_bytes": s.reserved,
+            "entries": s.entries,
+            "hits": s.hits,
+            "misses": s.misses,
+            "loads": s.loads,
+            "evictions": s.evictions,
+        })
+        .to_string()
+        .into_bytes()
     }
 
     /// GETXATTR: the value of one extended attribute.

@@ -6,6 +6,7 @@ the budget plus a stated margin for the daemon itself (code, threads,
 mapped pages of the source).
 """
 
+import json
 import os
 import time
 
@@ -129,3 +130,45 @@ def test_a_computed_file_larger_than_the_budget_is_served_whole(tmp_path, mount)
     assert np.array_equal(got, data.sum(axis=(2, 3), dtype=np.uint64))
     peak = daemon_peak_mib(small)
     assert peak <= 1 + MARGIN_MIB, f"daemon peak {peak:.0f} MiB, budget 1 MiB"
+
+
+def cache_counters(mnt):
+    return json.loads(os.getxattr(mnt, "user.qemfs.cache"))
+
+
+def test_the_budgets_counters_are_on_the_root(tmp_path, mount):
+    # A 32 × 32 scan of 32 × 32 uint16 frames: two 512-scan blocks of
+    # 1 MiB, which are data.zarr's two chunks. A 1 MiB budget holds one.
+    src = tmp_path / "src"
+    src.mkdir()
+    rng = np.random.default_rng(5)
+    data = rng.integers(0, 50, size=(32, 32, 32, 32), dtype=np.uint16)
+    npy = tmp_path / "scan.npy"
+    np.save(npy, data)
+    run("qem", "convert", npy, src / "scan.qem")
+    mnt = mount(src, "--cache-size", 1, "--gpu", "off")
+    chunks = sorted((mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
+    assert [c.name for c in chunks] == ["0.0.0.0", "1.0.0.0"]
+    start = cache_counters(mnt)
+    assert start["budget_bytes"] == 1 << 20
+    assert start["loads"] == 0 and start["held_bytes"] == 0
+
+    def read(chunk):
+        got = np.frombuffer(chunk.read_bytes(), np.uint16).reshape(16, 32, 32, 32)
+        row = 16 * int(chunk.name.split(".")[0])
+        assert np.array_equal(got, data[row : row + 16])
+        return cache_counters(mnt)
+
+    first = read(chunks[0])
+    assert first["loads"] == 1, first
+    assert first["held_bytes"] == 1 << 20 and first["entries"] == 1
+    again = read(chunks[0])
+    # Answered from the held block: no decode, at least one hit.
+    assert again["loads"] == 1 and again["hits"] > first["hits"], again
+    other = read(chunks[1])
+    assert other["loads"] == 2 and other["evictions"] == 1, other
+    assert other["held_bytes"] <= other["budget_bytes"]
+    # The first block was evicted for the second: read again, decoded again.
+    back = read(chunks[0])
+    assert back["loads"] == 3 and back["misses"] >= 3, back
+
