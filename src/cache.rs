@@ -7,6 +7,13 @@
 //! a block is never decoded twice at the same time. Different keys load in
 //! parallel; the lock is never held while loading.
 //!
+//! A value evicted while something else still holds it (a reader lent its
+//! bytes, a buffer list that may reuse it) is remembered weakly: asked for
+//! again while it is still alive, it is taken back instead of loaded
+//! again. Readers of one Zarr chunk (its 1 MiB requests answered in turn,
+//! beside other readers' decodes) otherwise decoded a block once for each
+//! request that came after its eviction under a small budget.
+//!
 //! Waiting for another caller's load blocks the thread, so callers must not
 //! be rayon workers when the load itself uses rayon: a worker blocked in a
 //! join can be handed the waiting task and deadlock. Call from plain threads.
@@ -15,7 +22,7 @@ use lru::LruCache;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 /// A value's size in bytes as far as the budget is concerned.
@@ -48,6 +55,9 @@ struct State<K: Hash + Eq, V: ?Sized, E> {
     reserved: usize,
     /// Loads under way; each waiter blocks on the slot's `OnceLock`.
     loading: HashMap<K, Slot<V, E>>,
+    /// Values evicted while held elsewhere, until they are taken back or
+    /// their last holder lets them go (dead ones are pruned as it grows).
+    evicted_alive: HashMap<K, Weak<V>>,
 }
 
 /// Counters for the mount's `user.qemfs.cache` attribute and benchmarks.
@@ -96,6 +106,7 @@ where
                 bytes: 0,
                 reserved: 0,
                 loading: HashMap::new(),
+                evicted_alive: HashMap::new(),
             }),
             room: Condvar::new(),
             hits: AtomicU64::new(0),
@@ -117,6 +128,14 @@ where
             if let Some(value) = state.lru.get(key) {
                 self.hits.fetch_add(1, Ordering::Relaxed);
                 return Ok(Arc::clone(value));
+            }
+            if let Some(value) = state.evicted_alive.remove(key).and_then(|w| w.upgrade()) {
+                // Still in memory: kept again, at the head of the LRU.
+                self.hits.fetch_add(1, Ordering::Relaxed);
+                let evicted = self.insert_locked(&mut state, key.clone(), Arc::clone(&value));
+                drop(state);
+                drop(evicted);
+                return Ok(value);
             }
             self.misses.fetch_add(1, Ordering::Relaxed);
             Arc::clone(
@@ -243,7 +262,12 @@ where
     /// work that is already done or under way.
     pub fn is_present_or_loading(&self, key: &K) -> bool {
         let state = self.lock();
-        state.lru.contains(key) || state.loading.contains_key(key)
+        state.lru.contains(key)
+            || state.loading.contains_key(key)
+            || state
+                .evicted_alive
+                .get(key)
+                .is_some_and(|w| w.strong_count() > 0)
     }
 
     /// Drops every entry whose key matches `stale` (a source file that
@@ -263,6 +287,7 @@ where
                 removed.push(value);
             }
         }
+        state.evicted_alive.retain(|k, _| !stale(k));
         drop(state);
         drop(removed);
     }
@@ -304,13 +329,19 @@ where
         let mut evicted = Evicted::new();
         while state.bytes + state.reserved > self.budget {
             match state.lru.pop_lru() {
-                Some((_, value)) => {
+                Some((key, value)) => {
                     state.bytes -= value.weight();
                     self.evictions.fetch_add(1, Ordering::Relaxed);
+                    if Arc::strong_count(&value) > 1 {
+                        state.evicted_alive.insert(key, Arc::downgrade(&value));
+                    }
                     evicted.push(value);
                 }
                 None => break,
             }
+        }
+        if state.evicted_alive.len() > state.lru.len() + 64 {
+            state.evicted_alive.retain(|_, w| w.strong_count() > 0);
         }
         evicted
     }
@@ -353,6 +384,38 @@ mod tests {
         // Asked for again after its eviction, 0 is loaded a second time.
         cache.get_or_load(&0, || block(100)).unwrap();
         assert_eq!((cache.stats().misses, cache.stats().loads), (5, 5));
+    }
+
+    #[test]
+    fn an_evicted_value_still_held_is_taken_back_not_loaded_again() {
+        let cache = Cache::new(100);
+        let held = cache.get_or_load(&0, || block(100)).unwrap();
+        cache.get_or_load(&1, || block(100)).unwrap();
+        assert!(cache.get(&0).is_none(), "0 was evicted for 1");
+        assert!(cache.is_present_or_loading(&0), "but it is still in memory");
+        let again = cache
+            .get_or_load(&0, || Err("loaded again".to_string()))
+            .unwrap();
+        assert!(Arc::ptr_eq(&again, &held));
+        let stats = cache.stats();
+        assert_eq!((stats.loads, stats.entries, stats.bytes), (2, 1, 100));
+        // Once nothing holds it, an evicted value is gone: loaded again.
+        drop((held, again));
+        cache.get_or_load(&1, || block(100)).unwrap();
+        assert!(!cache.is_present_or_loading(&0));
+        cache.get_or_load(&0, || block(100)).unwrap();
+        assert_eq!(cache.stats().loads, 4);
+    }
+
+    #[test]
+    fn a_stale_value_is_not_taken_back() {
+        let cache = Cache::new(100);
+        let _held = cache.get_or_load(&0, || block(100)).unwrap();
+        cache.get_or_load(&1, || block(100)).unwrap();
+        cache.remove_where(|k| *k == 0);
+        assert!(!cache.is_present_or_loading(&0));
+        let fresh = cache.get_or_load(&0, || block(7)).unwrap();
+        assert_eq!(fresh.len(), 7);
     }
 
     #[test]

@@ -634,8 +634,11 @@ impl Recycler {
         {
             let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
             let mut spare = 0usize;
-            // Only this list holds a buffer whose count is 1, and no new
-            // reference to it can appear (there are no weak ones).
+            // Only this list holds a buffer whose count is 1. The cache's
+            // weak record of it (an evicted window) can still make a new
+            // reference, but `try_unwrap` below and that upgrade are both
+            // atomic on the count: either the buffer is reused here or the
+            // window is taken back there, never both.
             handed.retain(|b| {
                 if Arc::strong_count(b) > 1 {
                     return true;
