@@ -179,9 +179,10 @@ def main():
         finally:
             m.close()
 
-        n, chunks_s, chunks, cpu, faults, readers, rss = chunk_read(src, args.cache_size)
+        n, chunks_s, chunks, cpu, faults, readers, rss, decoded = chunk_read(src, args.cache_size)
         print(f"every data.zarr chunk, 2 processes: {chunks_s:.3f} s, {n / chunks_s / 1e6:.0f} MB/s "
-              f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {chunks} chunks; "
+              f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {chunks} chunks, "
+              f"{decoded} blocks decoded; "
               f"CPU: daemon {cpu:.2f} s ({faults} page faults), readers {readers:.2f} s; "
               f"daemon peak RSS {rss:.0f} MiB  [{load()}]")
         if args.skip_dask:
