@@ -815,14 +815,11 @@ fn images_larger_than_the_budget_are_computed_once_for_all_their_files() {
     }
 }
 
-/// A counts file large enough that its first virtual products are made
-/// while the body checksum is computed beside them
-/// (`QemFile::beside_checksums`): with a sound body they equal a sum over
-/// the dense array; with one flipped body byte, every product fails with
-/// the checksum error, whatever the speculative pass found, and a second
-/// read fails again (nothing was kept).
-#[test]
-fn first_products_wait_for_the_body_checksum() {
+/// Writes `sound.qem`, a 16 × 16 scan of 64 × 64 counts (a bright disk of
+/// radius 10 at the centre), and `damaged.qem`, the same with one body
+/// byte flipped, into `dir`; returns the counts. Large enough that its
+/// first reads are served while the body checksum is computed beside them.
+fn sound_and_damaged(dir: &std::path::Path) -> Vec<u16> {
     use qemfs::qem::write::{
         encode_to_vec, scientific_metadata, Calibration, CountDtype, WriteSpec,
     };
@@ -849,12 +846,25 @@ fn first_products_wait_for_the_body_checksum() {
         scientific_metadata(shape, &Calibration::default()).unwrap(),
     );
     let sound = encode_to_vec(spec, &dense).unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    fs::write(dir.path().join("sound.qem"), &sound).unwrap();
+    fs::write(dir.join("sound.qem"), &sound).unwrap();
     let mut damaged = sound.clone();
     let last = damaged.len() - 1;
     damaged[last] ^= 0x10;
-    fs::write(dir.path().join("damaged.qem"), &damaged).unwrap();
+    fs::write(dir.join("damaged.qem"), &damaged).unwrap();
+    values
+}
+
+/// The first virtual products of a file are made while the body checksum
+/// is computed beside them (`QemFile::beside_checksums`): with a sound
+/// body they equal a sum over the dense array; with one flipped body
+/// byte, every product fails with the checksum error, whatever the
+/// speculative pass found, and a second read fails again (nothing was
+/// kept).
+#[test]
+fn first_products_wait_for_the_body_checksum() {
+    let det = 64usize;
+    let dir = tempfile::tempdir().unwrap();
+    let values = sound_and_damaged(dir.path());
 
     let tree = Tree::new(dir.path(), &TreeOptions::default());
     let disk = read(&tree, "sound.qem/virtual/disk-32-32-10.npy");
@@ -886,6 +896,39 @@ fn first_products_wait_for_the_body_checksum() {
         let path = format!("damaged.qem/{product}");
         for attempt in 0..2 {
             let Node::File(f, _) = tree.resolve(&path).unwrap() else {
+                panic!("{path} is not a file");
+            };
+            let err = read_all(f.as_ref())
+                .err()
+                .unwrap_or_else(|| panic!("{path} was served from a damaged body"));
+            assert!(
+                err.to_string().contains("body checksum mismatch"),
+                "{path}, read {attempt}: {err}"
+            );
+        }
+    }
+}
+
+/// A chunk's first block decode runs beside its body checksums
+/// (`QemFile::beside_chunk_checks`): the array and its Zarr chunks read
+/// from a sound body equal the counts; from a damaged one, every read
+/// fails with the checksum error, twice (the speculative decode was not
+/// kept).
+#[test]
+fn first_block_decodes_wait_for_the_body_checksum() {
+    let dir = tempfile::tempdir().unwrap();
+    let values = sound_and_damaged(dir.path());
+    let dense: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let tree = Tree::new(dir.path(), &TreeOptions::default());
+    let array = read(&tree, "sound.qem/data.npy");
+    let header = npy::parse_header(&array).unwrap();
+    assert_eq!(&array[header.data_offset..], &dense[..]);
+    let chunk = read(&tree, "sound.qem/data.zarr/data/0.0.0.0");
+    assert_eq!(chunk, dense[..chunk.len()]);
+
+    for path in ["damaged.qem/data.zarr/data/0.0.0.0", "damaged.qem/data.npy"] {
+        for attempt in 0..2 {
+            let Node::File(f, _) = tree.resolve(path).unwrap() else {
                 panic!("{path} is not a file");
             };
             let err = read_all(f.as_ref())

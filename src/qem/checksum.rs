@@ -144,6 +144,16 @@ impl BodyIntegrity {
         Ok(())
     }
 
+    /// Whether the verdict of every block that `range` touches is known.
+    pub(crate) fn known(&self, range: Range<usize>) -> bool {
+        if range.start >= range.end {
+            return true;
+        }
+        let first = range.start / CHECKSUM_BLOCK;
+        let last = ((range.end - 1) / CHECKSUM_BLOCK).min(self.blocks().saturating_sub(1));
+        (first..=last).all(|k| self.verdicts.get(k).is_none_or(|v| v.get().is_some()))
+    }
+
     /// Verifies every block, in parallel; the lowest failing block is named.
     pub(crate) fn ensure_all(&self, body: &[u8]) -> Result<(), QemError> {
         let results: Vec<Result<(), QemError>> = (0..self.blocks())

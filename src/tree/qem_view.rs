@@ -142,14 +142,21 @@ impl QemView {
                 .then(|| self.cache.reserve_while(bytes, 1024))
                 .flatten();
             let decoded = if n == info.frames {
+                // A chunk's first decode runs beside its body checksums.
                 if codes {
                     let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
                     self.file
-                        .decode_block_codes_le(index, &mut out)
+                        .beside_chunk_checks(info.chunk, |f| {
+                            f.decode_block_codes_le(index, &mut out)
+                        })
+                        .and_then(|r| r)
                         .map(|()| out)
                 } else {
                     let mut out = RECYCLED.take(info.decoded_bytes);
-                    self.file.decode_block_into(index, &mut out).map(|()| out)
+                    self.file
+                        .beside_chunk_checks(info.chunk, |f| f.decode_block_into(index, &mut out))
+                        .and_then(|r| r)
+                        .map(|()| out)
                 }
             } else {
                 self.decode_window(&info, window, n, codes)
