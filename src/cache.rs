@@ -63,7 +63,8 @@ struct State<K: Hash + Eq, V: ?Sized, E> {
 /// Counters for the mount's `user.qemfs.cache` attribute and benchmarks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CacheStats {
-    /// Lookups answered with a held value.
+    /// Lookups answered without a load: with a held value, or one taken
+    /// back after its eviction while still in memory.
     pub hits: u64,
     /// Lookups that found none: each loads the value, or waits for the
     /// load of it already under way.
@@ -258,7 +259,8 @@ where
         }
     }
 
-    /// Whether `key` is cached or being loaded: prefetchers use this to skip
+    /// Whether `key` is cached, being loaded, or evicted but still in
+    /// memory (taken back when asked for): prefetchers use this to skip
     /// work that is already done or under way.
     pub fn is_present_or_loading(&self, key: &K) -> bool {
         let state = self.lock();
