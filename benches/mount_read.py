@@ -44,14 +44,10 @@ from pathlib import Path
 import numpy as np
 
 # The same mount and chunk reader as the Zarr bench (a sibling script).
-from zarr_view import Mount, chunk_read, read_files, read_files_cpu
+from zarr_view import Mount, chunk_read, load, read_files, read_files_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
-
-
-def load() -> str:
-    return "load " + " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 def main():
@@ -78,7 +74,7 @@ def main():
         dense = shape[0] * shape[1] * shape[2] * shape[3] * 2
         print(f"acquisition {shape}, {dense / 1e6:.0f} MB dense, {qem.stat().st_size / 1e6:.1f} MB "
               f"as .qem; {os.cpu_count()} cores")
-        print(f"qem cat data.npy > /dev/null: {cat_s:.3f} s, {dense / cat_s / 1e6:.0f} MB/s  [{load()}]")
+        print(f"qem cat data.npy > /dev/null: {cat_s:.3f} s, {dense / cat_s / 1e6:.0f} MB/s  [load {load()}]")
 
         # With the CPU the daemon and the readers used, in cores busy: where
         # one reader already keeps every core busy, more readers cannot
@@ -92,7 +88,7 @@ def main():
             busy = (m.cpu_s() - cpu + reader_cpu) / s
             print(f"mount data.npy sequential, cold: {s:.3f} s, {n / s / 1e6:.0f} MB/s "
                   f"({cat_s / s * 100:.0f}% of qem cat); daemon and reader {busy:.2f} cores busy; "
-                  f"daemon peak RSS {m.hwm_mib():.0f} MiB  [{load()}]")
+                  f"daemon peak RSS {m.hwm_mib():.0f} MiB  [load {load()}]")
         finally:
             m.close()
 
@@ -115,7 +111,7 @@ def main():
             print(f"mount data.npy sequential, cold, 4 readers of 4 files at once: {s4:.3f} s, "
                   f"{n4 / s4 / 1e6:.0f} MB/s together ({n4 / s4 / (n / s):.2f}x one reader's rate); "
                   f"daemon and readers {busy4:.2f} of {os.cpu_count()} cores busy; daemon peak RSS "
-                  f"{m.hwm_mib():.0f} MiB  [{load()}]")
+                  f"{m.hwm_mib():.0f} MiB  [load {load()}]")
         finally:
             m.close()
 
@@ -133,7 +129,7 @@ def main():
             n = read_files([path])
             s = time.perf_counter() - t
             print(f"mount data.npy sequential, every block held, page cache dropped (FUSE alone): "
-                  f"{s:.3f} s, {n / s / 1e6:.0f} MB/s  [{load()}]")
+                  f"{s:.3f} s, {n / s / 1e6:.0f} MB/s  [load {load()}]")
         finally:
             m.close()
 
@@ -175,7 +171,7 @@ def main():
             warm = (time.perf_counter() - t) / n
             print(f"one frame, first after mounting: {first * 1e3:.1f} ms; of a cold block: "
                   f"{cold * 1e3:.1f} ms (median of {len(colds)} blocks); warm (open+read+close): "
-                  f"{warm * 1e3:.3f} ms  [{load()}]")
+                  f"{warm * 1e3:.3f} ms  [load {load()}]")
         finally:
             m.close()
 
@@ -184,7 +180,7 @@ def main():
               f"({cat_s / chunks_s * 100:.0f}% of qem cat's rate), {chunks} chunks, "
               f"{decoded} blocks decoded; "
               f"CPU: daemon {cpu:.2f} s ({faults} page faults), readers {readers:.2f} s; "
-              f"daemon peak RSS {rss:.0f} MiB  [{load()}]")
+              f"daemon peak RSS {rss:.0f} MiB  [load {load()}]")
         if args.skip_dask:
             return
 
@@ -240,7 +236,7 @@ def main():
                           f"{cpu:.2f} s, workers {workers:.2f} s); "
                           f"blocks cached {warm:.3f} s; zarr + numpy in one process, blocks cached: "
                           f"{plain:.3f} s; daemon peak RSS {hwm:.0f} MiB (budget {args.cache_size} MiB)  "
-                          f"[{load()}]")
+                          f"[load {load()}]")
                 finally:
                     m.close()
     finally:

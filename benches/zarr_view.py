@@ -266,6 +266,7 @@ def rounds(src: Path, cache_mib: int, n: int):
 
 
 def load() -> str:
+    """The load average over 1, 5 and 15 minutes, as /proc/loadavg gives it."""
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 

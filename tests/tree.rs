@@ -893,19 +893,7 @@ fn first_products_wait_for_the_body_checksum() {
         "virtual/com_row.npy",
         "virtual/sum.npy",
     ] {
-        let path = format!("damaged.qem/{product}");
-        for attempt in 0..2 {
-            let Node::File(f, _) = tree.resolve(&path).unwrap() else {
-                panic!("{path} is not a file");
-            };
-            let err = read_all(f.as_ref())
-                .err()
-                .unwrap_or_else(|| panic!("{path} was served from a damaged body"));
-            assert!(
-                err.to_string().contains("body checksum mismatch"),
-                "{path}, read {attempt}: {err}"
-            );
-        }
+        fails_twice_with_the_checksum_error(&tree, &format!("damaged.qem/{product}"));
     }
 }
 
@@ -927,17 +915,23 @@ fn first_block_decodes_wait_for_the_body_checksum() {
     assert_eq!(chunk, dense[..chunk.len()]);
 
     for path in ["damaged.qem/data.zarr/data/0.0.0.0", "damaged.qem/data.npy"] {
-        for attempt in 0..2 {
-            let Node::File(f, _) = tree.resolve(path).unwrap() else {
-                panic!("{path} is not a file");
-            };
-            let err = read_all(f.as_ref())
-                .err()
-                .unwrap_or_else(|| panic!("{path} was served from a damaged body"));
-            assert!(
-                err.to_string().contains("body checksum mismatch"),
-                "{path}, read {attempt}: {err}"
-            );
-        }
+        fails_twice_with_the_checksum_error(&tree, path);
+    }
+}
+
+/// Reading `path` whole fails with the body checksum error, and again
+/// on a second read (nothing from the damaged body was kept).
+fn fails_twice_with_the_checksum_error(tree: &Tree, path: &str) {
+    for attempt in 0..2 {
+        let Node::File(f, _) = tree.resolve(path).unwrap() else {
+            panic!("{path} is not a file");
+        };
+        let err = read_all(f.as_ref())
+            .err()
+            .unwrap_or_else(|| panic!("{path} was served from a damaged body"));
+        assert!(
+            err.to_string().contains("body checksum mismatch"),
+            "{path}, read {attempt}: {err}"
+        );
     }
 }

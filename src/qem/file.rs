@@ -1133,16 +1133,7 @@ impl QemFile {
     /// whatever `work` found. With every block verified already, or one
     /// thread, `work` reads this file, which verifies before each use.
     pub fn beside_checksums<T: Send>(&self, work: impl FnOnce(&QemFile) -> T + Send) -> Result<T> {
-        let twin = (rayon::current_num_threads() > 1)
-            .then(|| self.unverified_twin())
-            .flatten();
-        let Some(twin) = twin else {
-            return Ok(work(self));
-        };
-        let (body, value) = rayon::join(|| self.verify_body(), || work(&twin));
-        body?;
-        self.adopt_verdicts(twin);
-        Ok(value)
+        self.beside_verification(false, || self.verify_body(), work)
     }
 
     /// Runs `work`, which reads chunk `c`, beside the verification of the
@@ -1162,13 +1153,27 @@ impl QemFile {
             .get(c)
             .ok_or_else(|| QemError::layout(None, "no such chunk"))?
             .body_range();
-        let twin = (!self.integrity.known(range.clone()) && rayon::current_num_threads() > 1)
+        let known = self.integrity.known(range.clone());
+        self.beside_verification(known, || self.checked(range).map(|_| ()), work)
+    }
+
+    /// `work` on an unverified twin beside `verify`, its value kept and
+    /// the twin's verdicts adopted only once `verify` passes; on this file
+    /// itself when the verdicts are `known` already, with one thread, or
+    /// when no twin is worth making.
+    fn beside_verification<T: Send>(
+        &self,
+        known: bool,
+        verify: impl FnOnce() -> Result<()> + Send,
+        work: impl FnOnce(&QemFile) -> T + Send,
+    ) -> Result<T> {
+        let twin = (!known && rayon::current_num_threads() > 1)
             .then(|| self.unverified_twin())
             .flatten();
         let Some(twin) = twin else {
             return Ok(work(self));
         };
-        let (verified, value) = rayon::join(|| self.checked(range).map(|_| ()), || work(&twin));
+        let (verified, value) = rayon::join(verify, || work(&twin));
         verified?;
         self.adopt_verdicts(twin);
         Ok(value)

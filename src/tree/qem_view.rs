@@ -142,22 +142,18 @@ impl QemView {
                 .then(|| self.cache.reserve_while(bytes, 1024))
                 .flatten();
             let decoded = if n == info.frames {
+                let mut out = RECYCLED.take(bytes);
                 // A chunk's first decode runs beside its body checksums.
-                if codes {
-                    let mut out = RECYCLED.take(2 * info.frames * self.file.pixels());
-                    self.file
-                        .beside_chunk_checks(info.chunk, |f| {
+                self.file
+                    .beside_chunk_checks(info.chunk, |f| {
+                        if codes {
                             f.decode_block_codes_le(index, &mut out)
-                        })
-                        .and_then(|r| r)
-                        .map(|()| out)
-                } else {
-                    let mut out = RECYCLED.take(info.decoded_bytes);
-                    self.file
-                        .beside_chunk_checks(info.chunk, |f| f.decode_block_into(index, &mut out))
-                        .and_then(|r| r)
-                        .map(|()| out)
-                }
+                        } else {
+                            f.decode_block_into(index, &mut out)
+                        }
+                    })
+                    .and_then(|r| r)
+                    .map(|()| out)
             } else {
                 self.decode_window(&info, window, n, codes)
             };

@@ -51,6 +51,17 @@ def big_semq(path, n=262144, dim=256):
     return path
 
 
+def qem_source(tmp_path, name, data):
+    """A source folder holding `name`, `data` converted by `qem convert`."""
+    src = tmp_path / "src"
+    src.mkdir()
+    npy = tmp_path / "source.npy"
+    np.save(npy, data)
+    run("qem", "convert", npy, src / name)
+    npy.unlink()
+    return src
+
+
 def test_vectors_npy_is_read_within_the_budget(tmp_path, mount):
     src = tmp_path / "src"
     src.mkdir()
@@ -106,14 +117,9 @@ def test_a_computed_file_larger_than_the_budget_is_served_whole(tmp_path, mount)
     # than a 1 MiB budget can hold. It is computed once and served from a
     # spilled copy (not computed again for every request, nor held in
     # memory), byte for byte what a mount whose budget holds it serves.
-    src = tmp_path / "src"
-    src.mkdir()
     rng = np.random.default_rng(11)
     data = rng.integers(0, 4000, size=(1100, 1000, 2, 2), dtype=np.uint16)
-    npy = tmp_path / "wide.npy"
-    np.save(npy, data)
-    run("qem", "convert", npy, src / "wide.qem")
-    npy.unlink()
+    src = qem_source(tmp_path, "wide.qem", data)
     small = mount(src, "--cache-size", 1, "--gpu", "off")
     large = mount(src, "--cache-size", 1024, "--gpu", "off")
     png = "wide.qem/virtual/sum.png"
@@ -140,13 +146,9 @@ def cache_counters(mnt):
 def test_the_budgets_counters_are_on_the_root(tmp_path, mount):
     # A 32 × 32 scan of 32 × 32 uint16 frames: two 512-scan blocks of
     # 1 MiB, which are data.zarr's two chunks. A 1 MiB budget holds one.
-    src = tmp_path / "src"
-    src.mkdir()
     rng = np.random.default_rng(5)
     data = rng.integers(0, 50, size=(32, 32, 32, 32), dtype=np.uint16)
-    npy = tmp_path / "scan.npy"
-    np.save(npy, data)
-    run("qem", "convert", npy, src / "scan.qem")
+    src = qem_source(tmp_path, "scan.qem", data)
     mnt = mount(src, "--cache-size", 1, "--gpu", "off")
     chunks = sorted((mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
     assert [c.name for c in chunks] == ["0.0.0.0", "1.0.0.0"]
@@ -182,13 +184,9 @@ def test_concurrent_chunk_readers_under_a_small_budget_decode_each_block_about_o
     # block. A block evicted while still in memory is taken back; before,
     # nearly every request decoded it again (141-155 decodes for the 32
     # chunk reads, against 27-33 since).
-    src = tmp_path / "src"
-    src.mkdir()
     rng = np.random.default_rng(3)
     data = rng.integers(0, 9, size=(64, 64, 64, 64), dtype=np.uint16)
-    npy = tmp_path / "scan.npy"
-    np.save(npy, data)
-    run("qem", "convert", npy, src / "scan.qem")
+    src = qem_source(tmp_path, "scan.qem", data)
     mnt = mount(src, "--cache-size", 4, "--gpu", "off")
     chunks = sorted((mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
     assert len(chunks) == 8
