@@ -24,12 +24,15 @@ cores vary by 10-20%):
    buffers reused, not mapped afresh; 2 threads per worker, one summing
    while the other waits for the mount) both that plain sum and the example's
    exact sum (uint32 accumulation where pixels x the dtype's maximum fits,
-   widened to uint64), which must equal it;
+   widened to uint64), which must equal it; and, on that cluster, Dask's
+   floor: the exact sum over a plain copy of `data.zarr` in the page
+   cache, no decoding and no FUSE (what Dask and zarr-python cost by
+   themselves, the least the sum through the mount could take);
 4. `qem convert FILE X.zarr` (blosc-zstd), in MB/s of dense output.
 
 With --rounds N, then N rounds of issue 12's two ratios, each round's
-`qem cat`, chunk read and the example's exact Dask sum run back to back,
-and the ratios' medians: on shared cores whose speed drifts within minutes,
+`qem cat`, chunk read, the example's exact Dask sum and its floor run back
+to back, and the ratios' medians: on shared cores whose speed drifts within minutes,
 the steadier figure (the fastest runs above come from phases minutes apart).
 
 Needs root and /dev/fuse for 2 and 3. Prints one line per figure.
@@ -160,32 +163,61 @@ def worker_usage():
     return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
-def dask_once(client, src, cache_mib, reduce):
+def dask_on(client, array_path: Path, reduce):
     """`reduce` (a function of the Dask array) computed once by the
-    cluster's workers on a fresh mount (the block cache cold): (result,
-    seconds, daemon CPU seconds, workers' CPU seconds, workers' minor page
-    faults, this process's CPU seconds (the client and a LocalCluster's
-    scheduler), daemon peak RSS in MiB, blocks decoded)."""
+    cluster's workers over the Zarr array at `array_path`: (result,
+    seconds, workers' CPU seconds, workers' minor page faults, this
+    process's CPU seconds (the client and a LocalCluster's scheduler))."""
     import dask.array as da
     import zarr
 
+    data = da.from_zarr(zarr.open_array(str(array_path), mode="r", zarr_format=3))
+    before = client.run(worker_usage)
+    here = os.times()
+    t = time.perf_counter()
+    total = reduce(data).compute()
+    s = time.perf_counter() - t
+    here = sum(os.times()[:2]) - sum(here[:2])
+    after = client.run(worker_usage)
+    workers_cpu = sum(after[w][0] - before[w][0] for w in before)
+    faults = sum(after[w][1] - before[w][1] for w in before)
+    return total, s, workers_cpu, faults, here
+
+
+def dask_once(client, src, cache_mib, reduce):
+    """`reduce` computed once by the cluster's workers on a fresh mount
+    (the block cache cold): (result, seconds, daemon CPU seconds, workers'
+    CPU seconds, workers' minor page faults, this process's CPU seconds,
+    daemon peak RSS in MiB, blocks decoded)."""
     m = Mount(src, cache_mib)
     try:
-        array = zarr.open_array(str(m.mnt / "scan.qem" / "data.zarr" / "data"),
-                                mode="r", zarr_format=3)
-        data = da.from_zarr(array)
-        before = client.run(worker_usage)
         cpu, loads = m.cpu_s(), m.loads()
-        here = os.times()
-        t = time.perf_counter()
-        total = reduce(data).compute()
-        s = time.perf_counter() - t
+        total, s, workers_cpu, faults, here = dask_on(
+            client, m.mnt / "scan.qem" / "data.zarr" / "data", reduce)
         cpu = m.cpu_s() - cpu
-        here = sum(os.times()[:2]) - sum(here[:2])
-        after = client.run(worker_usage)
-        workers_cpu = sum(after[w][0] - before[w][0] for w in before)
-        faults = sum(after[w][1] - before[w][1] for w in before)
         return total, s, cpu, workers_cpu, faults, here, m.hwm_mib(), m.loads() - loads
+    finally:
+        m.close()
+
+
+def dask_floor(client, copy: Path, reduce, runs: int):
+    """The fastest of `runs` computations of `reduce` over `copy`, a plain
+    copy of `data.zarr` held in the page cache: Dask's and zarr-python's
+    own cost with no decoding and no FUSE, the least any read through the
+    mount can take (after one warming run). (result, seconds, all the
+    runs' seconds, workers' CPU seconds of the fastest, client's CPU
+    seconds)."""
+    dask_on(client, copy / "data", reduce)
+    runs = [dask_on(client, copy / "data", reduce) for _ in range(runs)]
+    best = min(runs, key=lambda r: r[1])
+    return best[0], best[1], [r[1] for r in runs], best[2], best[4]
+
+
+def copy_view(src: Path, dest: Path):
+    """`data.zarr` of `src`'s scan.qem copied out of a mount to `dest`."""
+    m = Mount(src, 256)
+    try:
+        shutil.copytree(m.mnt / "scan.qem" / "data.zarr", dest)
     finally:
         m.close()
 
@@ -233,7 +265,7 @@ def cat_once(qem: Path) -> float:
     return time.perf_counter() - t
 
 
-def rounds(src: Path, cache_mib: int, n: int):
+def rounds(src: Path, copy: Path, cache_mib: int, n: int):
     """Issue 12's two ratios taken `n` times, each from three measurements
     made back to back: `qem cat`, the chunk read (2 processes, a fresh
     mount) and the example's exact Dask sum (a fresh mount, on a cluster
@@ -241,13 +273,15 @@ def rounds(src: Path, cache_mib: int, n: int):
     workers take no CPU from the read, and warmed by one computation). A
     shared host whose speed drifts within minutes biases ratios of figures
     taken in separate phases; the median of ratios taken within rounds is
-    the steadier figure."""
+    the steadier figure. Each round also takes Dask's floor (`dask_floor`
+    over `copy`, once) on the same cluster: the least the Dask sum could
+    take with a mount that cost nothing."""
     from dask.distributed import Client
 
     from dask_virtual_images import detector_sum, local_cluster
 
     qem = src / "scan.qem"
-    reads, dasks = [], []
+    reads, dasks, floors = [], [], []
     for r in range(n):
         cat_s = cat_once(qem)
         chunks_s = chunk_read(src, cache_mib)[1]
@@ -255,14 +289,18 @@ def rounds(src: Path, cache_mib: int, n: int):
         with local_cluster(2) as cluster, Client(cluster) as client:
             dask_once(client, src, cache_mib, detector_sum)
             dask_s = dask_once(client, src, cache_mib, detector_sum)[1]
+            floor_s = dask_floor(client, copy, detector_sum, 1)[1]
         restore_environ()
         reads.append(cat_s / chunks_s)
         dasks.append(dask_s / chunks_s)
+        floors.append(floor_s / chunks_s)
         print(f"round {r + 1}: qem cat {cat_s:.3f} s, chunk read {chunks_s:.3f} s, Dask sum "
-              f"{dask_s:.3f} s; chunk read at {reads[-1] * 100:.0f}% of qem cat's rate, "
-              f"Dask sum {dasks[-1]:.2f}x the chunk read  [load {load()}]")
+              f"{dask_s:.3f} s, its floor {floor_s:.3f} s; chunk read at {reads[-1] * 100:.0f}% "
+              f"of qem cat's rate, Dask sum {dasks[-1]:.2f}x the chunk read (floor "
+              f"{floors[-1]:.2f}x)  [load {load()}]")
     print(f"median of {n} rounds: chunk read at {np.median(reads) * 100:.0f}% of qem cat's rate "
-          f"(target 80%), Dask sum {np.median(dasks):.2f}x the chunk read (target 1.5x)")
+          f"(target 80%), Dask sum {np.median(dasks):.2f}x the chunk read (target 1.5x; Dask's "
+          f"floor over a page-cache copy {np.median(floors):.2f}x)")
 
 
 def load() -> str:
@@ -330,12 +368,15 @@ def main():
             plain = ("sum over the detector (plain uint64)",
                      lambda data: data.sum(axis=(2, 3), dtype=np.uint64))
             exact = ("sum over the detector (the example's exact uint32, widened)", detector_sum)
+            copy = work / "copy.zarr"
+            copy_view(src, copy)
             results = {}
-            for label, start, sums in [
+            for label, start, sums, floor in [
                 ("Dask's default worker environment",
-                 lambda: LocalCluster(n_workers=2, threads_per_worker=1, processes=True), [plain]),
+                 lambda: LocalCluster(n_workers=2, threads_per_worker=1, processes=True), [plain],
+                 False),
                 ("the example's cluster (chunk buffers reused, 2 threads per worker)",
-                 lambda: local_cluster(2), [plain, exact]),
+                 lambda: local_cluster(2), [plain, exact], True),
             ]:
                 restore_environ()
                 with start() as cluster, Client(cluster) as client:
@@ -343,12 +384,21 @@ def main():
                     client.run(lambda: __import__("zarr") and __import__("numpy"))
                     got = dask_trials(client, src, args.cache_size, label, sums, chunks_s, cat_s,
                                       args.scan, args.runs)
+                    if floor:
+                        total, s, all_s, workers_cpu, here = dask_floor(
+                            client, copy, detector_sum, args.runs)
+                        got["floor"] = total
+                        print(f"Dask's floor, the example's exact sum over a copy of data.zarr in "
+                              f"the page cache (no decoding, no FUSE), {label}: fastest of "
+                              f"{args.runs} {s:.3f} s (all: {', '.join(f'{x:.3f}' for x in all_s)})"
+                              f" ({s / chunks_s:.2f}x the chunk read); CPU: workers "
+                              f"{workers_cpu:.2f} s, client and scheduler {here:.2f} s")
                 for total in got.values():
                     results.setdefault("reference", total)
                     assert np.array_equal(total, results["reference"])
                 restore_environ()
             if args.rounds:
-                rounds(src, args.cache_size, args.rounds)
+                rounds(src, copy, args.cache_size, args.rounds)
         else:
             print("mount figures skipped: they need root and /dev/fuse")
 
