@@ -470,8 +470,14 @@ impl ZarrSource {
                     format!("a Zarr group without a readable array `data`: {e}"),
                 )
             })?,
-            None => Array::open(Arc::clone(&store), "/")
-                .map_err(|e| fail(path, format!("neither a Zarr array nor a group: {e}")))?,
+            None => Array::open(Arc::clone(&store), "/").map_err(|e| {
+                // An array there whose codec or type zarrs refuses
+                // lands here too: `e` says which.
+                fail(
+                    path,
+                    format!("not a Zarr group, and no Zarr array it can read at its root: {e}"),
+                )
+            })?,
         };
         let dims = array.shape();
         let shape: [usize; 4] = match dims {

@@ -184,6 +184,12 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
     chunk.write_bytes(chunk.read_bytes()[:-2])
     refused(tmp_path, short, "chunk", "0.1.0.0".replace(".", "/"))
 
+    lzma = tmp_path / "lzma.zarr"  # a numcodecs compressor zarrs does not read
+    z = zarr.open_array(str(lzma), mode="w", zarr_format=2, shape=(2, 2, 3, 3), chunks=(1, 1, 3, 3),
+                        dtype=np.uint16, compressor=numcodecs.LZMA())
+    z[:] = 1
+    refused(tmp_path, lzma, "lzma")
+
     empty = tmp_path / "empty.zarr"
     empty.mkdir()
     refused(tmp_path, empty)
