@@ -27,13 +27,15 @@ cores vary by 10-20%):
    widened to uint64), which must equal it; and, on that cluster, Dask's
    floor: the exact sum over a plain copy of `data.zarr` in the page
    cache, no decoding and no FUSE (what Dask and zarr-python cost by
-   themselves, the least the sum through the mount could take);
+   themselves: about the least the sum through the mount could take, where
+   the mount's own CPU shares the cores);
 4. `qem convert FILE X.zarr` (blosc-zstd), in MB/s of dense output.
 
 With --rounds N, then N rounds of issue 12's two ratios, each round's
 `qem cat`, chunk read, the example's exact Dask sum and its floor run back
-to back, and the ratios' medians: on shared cores whose speed drifts within minutes,
-the steadier figure (the fastest runs above come from phases minutes apart).
+to back, and the ratios' medians: on shared cores whose speed drifts within
+minutes, the steadier figure (the fastest runs above come from phases
+minutes apart).
 
 Needs root and /dev/fuse for 2 and 3. Prints one line per figure.
 """
@@ -212,8 +214,8 @@ def dask_once(client, src, cache_mib, reduce):
 def dask_floor(client, copy: Path, reduce, runs: int):
     """The fastest of `runs` computations of `reduce` over `copy`, a plain
     copy of `data.zarr` held in the page cache: Dask's and zarr-python's
-    own cost with no decoding and no FUSE, the least any read through the
-    mount can take (after one warming run). (result, seconds, all the
+    own cost with no decoding and no FUSE, about the least a computation
+    through the mount can take (after one warming run). (result, seconds, all the
     runs' seconds, workers' CPU seconds of the fastest, client's CPU
     seconds)."""
     dask_on(client, copy / "data", reduce)
@@ -283,8 +285,8 @@ def rounds(src: Path, copy: Path, cache_mib: int, n: int):
     shared host whose speed drifts within minutes biases ratios of figures
     taken in separate phases; the median of ratios taken within rounds is
     the steadier figure. Each round also takes Dask's floor (`dask_floor`
-    over `copy`, once) on the same cluster: the least the Dask sum could
-    take with a mount that cost nothing."""
+    over `copy`, once) on the same cluster: about the least the Dask sum
+    could take with a mount that cost nothing."""
     from dask.distributed import Client
 
     from dask_virtual_images import detector_sum, local_cluster
