@@ -55,6 +55,20 @@ def load(qem, path, *flags):
     return np.load(io.BytesIO(cat(qem, path, *flags)))
 
 
+def qem_from_array(tmp_path: Path, array, name: str) -> Path:
+    """`array` written as `tmp_path/src/NAME` by `qem convert` (through a
+    temporary .npy): a source folder for a mount, or a file for `qem`."""
+    import numpy as np
+
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    npy = tmp_path / f"{name}.npy"
+    np.save(npy, array)
+    run("qem", "convert", npy, src / name)
+    npy.unlink()
+    return src / name
+
+
 def backends(qem):
     """`--gpu off`, plus `--gpu wgpu` when an adapter serves it (CI installs
     Mesa's Vulkan drivers, so there it must)."""

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from conftest import run
+from conftest import qem_from_array, run
 
 # What the daemon needs besides the budget: its code and libraries, thread
 # stacks in use, the mapped pages of a source, a read's buffers (measured:
@@ -51,17 +51,6 @@ def big_semq(path, n=262144, dim=256):
     return path
 
 
-def qem_source(tmp_path, name, data):
-    """A source folder holding `name`, `data` converted by `qem convert`."""
-    src = tmp_path / "src"
-    src.mkdir()
-    npy = tmp_path / "source.npy"
-    np.save(npy, data)
-    run("qem", "convert", npy, src / name)
-    npy.unlink()
-    return src
-
-
 def test_vectors_npy_is_read_within_the_budget(tmp_path, mount):
     src = tmp_path / "src"
     src.mkdir()
@@ -86,12 +75,7 @@ def test_vectors_npy_is_read_within_the_budget(tmp_path, mount):
 
 def test_a_huge_frames_folder_is_listed_page_by_page(tmp_path, mount):
     rows = 2_000_000
-    src = tmp_path / "src"
-    src.mkdir()
-    npy = tmp_path / "tall.npy"
-    np.save(npy, np.zeros((rows, 1, 1, 1), dtype=np.uint8))
-    run("qem", "convert", npy, src / "tall.qem")
-    npy.unlink()
+    src = qem_from_array(tmp_path, np.zeros((rows, 1, 1, 1), dtype=np.uint8), "tall.qem").parent
     budget = 64
     mnt = mount(src, "--cache-size", budget, "--gpu", "off")
     frames = mnt / "tall.qem" / "frames"
@@ -119,7 +103,7 @@ def test_a_computed_file_larger_than_the_budget_is_served_whole(tmp_path, mount)
     # memory), byte for byte what a mount whose budget holds it serves.
     rng = np.random.default_rng(11)
     data = rng.integers(0, 4000, size=(1100, 1000, 2, 2), dtype=np.uint16)
-    src = qem_source(tmp_path, "wide.qem", data)
+    src = qem_from_array(tmp_path, data, "wide.qem").parent
     small = mount(src, "--cache-size", 1, "--gpu", "off")
     large = mount(src, "--cache-size", 1024, "--gpu", "off")
     png = "wide.qem/virtual/sum.png"
@@ -148,7 +132,7 @@ def test_the_budgets_counters_are_on_the_root(tmp_path, mount):
     # 1 MiB, which are data.zarr's two chunks. A 1 MiB budget holds one.
     rng = np.random.default_rng(5)
     data = rng.integers(0, 50, size=(32, 32, 32, 32), dtype=np.uint16)
-    src = qem_source(tmp_path, "scan.qem", data)
+    src = qem_from_array(tmp_path, data, "scan.qem").parent
     mnt = mount(src, "--cache-size", 1, "--gpu", "off")
     chunks = sorted((mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
     assert [c.name for c in chunks] == ["0.0.0.0", "1.0.0.0"]
@@ -186,7 +170,7 @@ def test_concurrent_chunk_readers_under_a_small_budget_decode_each_block_about_o
     # chunk reads, against 27-33 since).
     rng = np.random.default_rng(3)
     data = rng.integers(0, 9, size=(64, 64, 64, 64), dtype=np.uint16)
-    src = qem_source(tmp_path, "scan.qem", data)
+    src = qem_from_array(tmp_path, data, "scan.qem").parent
     mnt = mount(src, "--cache-size", 4, "--gpu", "off")
     chunks = sorted((mnt / "scan.qem" / "data.zarr" / "data").glob("[0-9]*"))
     assert len(chunks) == 8

@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 import zarr
 
-from conftest import REPO, cat, conformance, load, run
+from conftest import REPO, cat, conformance, load, qem_from_array, run
 
 FIXTURES = [
     "u16-invalid-mask-33x40",  # counts with a valid mask, calibrated
@@ -40,15 +40,6 @@ def valid_mask(header: dict, detector) -> np.ndarray | None:
         return None
     bits = np.unpackbits(np.frombuffer(bytes.fromhex(header["valid"]), np.uint8))
     return bits[: detector[0] * detector[1]].reshape(detector).astype(bool)
-
-
-def make_qem(tmp_path: Path, array: np.ndarray, name: str) -> Path:
-    npy = tmp_path / f"{name}.npy"
-    np.save(npy, array)
-    out = tmp_path / "src" / f"{name}.qem"
-    out.parent.mkdir(exist_ok=True)
-    run("qem", "convert", npy, out)
-    return out
 
 
 def acquisition(rows, cols, det, seed=7) -> np.ndarray:
@@ -179,7 +170,7 @@ def test_chunks_follow_blocks_and_edges_are_padded(tmp_path, copied):
     # 40 columns: 12 rows (480 scans) a chunk, straddling 512-scan blocks;
     # 30 rows: the last chunk has 6 rows of padding.
     array = acquisition(30, 40, 6)
-    container = make_qem(tmp_path, array, "edges")
+    container = qem_from_array(tmp_path, array, "edges.qem")
     path = copied(container)
     data = zarr.open_array(str(path / "data"), mode="r", zarr_format=3)
     assert data.chunks == (12, 40, 6, 6)
@@ -189,7 +180,7 @@ def test_chunks_follow_blocks_and_edges_are_padded(tmp_path, copied):
     assert not last[6:].any(), "padding is the fill value"
 
     # 128 columns: one chunk is exactly one 512-scan block.
-    container = make_qem(tmp_path, acquisition(8, 128, 4), "aligned")
+    container = qem_from_array(tmp_path, acquisition(8, 128, 4), "aligned.qem")
     data = zarr.open_array(str(copied(container) / "data"), mode="r", zarr_format=3)
     assert data.chunks == (4, 128, 4, 4)
 
@@ -273,7 +264,7 @@ def test_chunks_go_around_the_page_cache_and_still_map(tmp_path, mount):
     import platform
 
     array = acquisition(8, 128, 32)
-    make_qem(tmp_path, array, "scan")
+    qem_from_array(tmp_path, array, "scan.qem")
     container = mount(tmp_path / "src") / "scan.qem"
     chunk = container / "data.zarr" / "data" / "1.0.0.0"
     assert chunk.read_bytes() == array[4:8].tobytes()
@@ -294,7 +285,7 @@ def test_chunks_go_around_the_page_cache_and_still_map(tmp_path, mount):
 def test_dask_cluster_computes_the_virtual_images(tmp_path, mount, copy_fixture):
     """The shipped example on a LocalCluster of 2 worker processes reading
     through the mount gives the mount's own sum, bf and mean_dp."""
-    make_qem(tmp_path, acquisition(24, 64, 32), "scan")
+    qem_from_array(tmp_path, acquisition(24, 64, 32), "scan.qem")
     copy_fixture("qem/u16-invalid-mask-33x40.qem", tmp_path / "src")
     mnt = mount(tmp_path / "src")
     for name in ["scan", "u16-invalid-mask-33x40"]:
@@ -340,7 +331,7 @@ def test_dask_sums_stay_exact_at_the_accumulators_limit(tmp_path, mount):
     on a 257x256 one (one that overflows it, so uint64) gives numpy's
     uint64 sums and the mount's images."""
     for rows in (256, 257):
-        make_qem(tmp_path, np.full((2, 3, rows, 256), 65535, np.uint16), f"full{rows}")
+        qem_from_array(tmp_path, np.full((2, 3, rows, 256), 65535, np.uint16), f"full{rows}.qem")
     mnt = mount(tmp_path / "src")
     for rows in (256, 257):
         name = f"full{rows}"
