@@ -15,10 +15,12 @@ use rayon::prelude::*;
 use serde_json::{Map, Value};
 use zarrs::array::codec::api::BytesToBytesCodecTraits;
 use zarrs::array::codec::{
-    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ZstdCodec,
+    BloscCodec, BloscCompressionLevel, BloscCompressor, BloscShuffleMode, ShardingCodecOptions,
+    SubchunkWriteOrder, ZstdCodec,
 };
 use zarrs::array::{
-    data_type, Array, ArrayBuilder, ArrayBytes, ArrayShardedExt, ArraySubset, DataType,
+    data_type, Array, ArrayBuilder, ArrayBytes, ArrayShardedExt, ArraySubset, CodecSpecificOptions,
+    DataType,
 };
 use zarrs::filesystem::FilesystemStore;
 use zarrs::group::{Group, GroupBuilder};
@@ -159,6 +161,13 @@ fn build_array(
     // With a subchunk shape zarrs writes `sharding_indexed`, the codecs
     // applying to each inner chunk (and a crc32c-checked index at the end).
     builder.subchunk_shape(subchunks);
+    // Inner chunks laid out in row-major order, not in the order their
+    // parallel encodes finish: converting the same file twice gives the
+    // same bytes (content-addressed stores, checksums, `diff -r`), and a
+    // reader of consecutive inner chunks reads consecutive bytes.
+    builder.codec_specific_options(CodecSpecificOptions::default().with_option(
+        ShardingCodecOptions::default().with_subchunk_write_order(SubchunkWriteOrder::C),
+    ));
     let array = builder
         .bytes_to_bytes_codecs(codecs)
         .dimension_names(Some(dimensions.to_vec()))
