@@ -14,8 +14,69 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The temporaries this process has made and not yet published or
+/// removed: what an interrupted run removes on its way out (see
+/// [`remove_unpublished`]). Every change to it, and the step that makes,
+/// publishes or removes a temporary, happens under its lock, so that the
+/// removal never sees a temporary half made or half published.
+static UNPUBLISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+fn unpublished() -> MutexGuard<'static, Vec<PathBuf>> {
+    UNPUBLISHED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Runs `step`, which publishes or removes the temporary `temp`, under the
+/// list's lock; once it succeeds, `temp` is forgotten (and emptied, so
+/// that Drop has nothing left to remove).
+fn settle<T, E>(temp: &mut PathBuf, step: impl FnOnce(&Path) -> Result<T, E>) -> Result<T, E> {
+    let mut live = unpublished();
+    let done = step(temp)?;
+    live.retain(|p| p != temp);
+    *temp = PathBuf::new();
+    Ok(done)
+}
+
+/// Removes a temporary file or store, even while another thread still
+/// adds files to the store (each try removes what it finds).
+fn remove_entry(path: &Path) -> io::Result<()> {
+    let mut tries = 0;
+    loop {
+        let removed = match fs::symlink_metadata(path) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => Err(e),
+            Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
+            Ok(_) => fs::remove_file(path),
+        };
+        match removed {
+            Err(e) if e.kind() != io::ErrorKind::NotFound && tries < 16 => tries += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Ends every write under way: removes each temporary this process has
+/// not published, and holds the list locked until the returned guard is
+/// dropped, so that no other thread makes or publishes one meanwhile. For
+/// a process about to end on a signal (Ctrl-C, `kill`): a final name then
+/// holds what it held before, or a complete output published before the
+/// removal began, and no temporary is left behind.
+pub fn remove_unpublished() -> Unpublished {
+    let mut live = unpublished();
+    for path in live.drain(..) {
+        let _ = remove_entry(&path);
+    }
+    Unpublished { _held: live }
+}
+
+/// The list of temporaries, emptied and locked (see
+/// [`remove_unpublished`]).
+pub struct Unpublished {
+    _held: MutexGuard<'static, Vec<PathBuf>>,
+}
 
 /// Why an output could not be published.
 #[derive(Debug, thiserror::Error)]
@@ -115,24 +176,22 @@ impl AtomicFile {
         file.sync_all()
             .map_err(|e| PublishError::io(&self.temp, e))?;
         drop(file);
-        match self.overwrite {
+        let (target, overwrite) = (&self.target, self.overwrite);
+        // Afterwards the temporary name is gone; nothing is left for Drop
+        // to clean.
+        settle(&mut self.temp, |temp| match overwrite {
             Overwrite::Never => {
-                fs::hard_link(&self.temp, &self.target).map_err(|e| {
+                fs::hard_link(temp, target).map_err(|e| {
                     if e.kind() == io::ErrorKind::AlreadyExists {
-                        PublishError::Exists(self.target.clone())
+                        PublishError::Exists(target.clone())
                     } else {
-                        PublishError::io(&self.target, e)
+                        PublishError::io(target, e)
                     }
                 })?;
-                fs::remove_file(&self.temp).map_err(|e| PublishError::io(&self.temp, e))?;
+                fs::remove_file(temp).map_err(|e| PublishError::io(temp, e))
             }
-            Overwrite::Replace => {
-                fs::rename(&self.temp, &self.target)
-                    .map_err(|e| PublishError::io(&self.target, e))?;
-            }
-        }
-        // The temporary name is gone; nothing is left for Drop to clean.
-        self.temp = PathBuf::new();
+            Overwrite::Replace => fs::rename(temp, target).map_err(|e| PublishError::io(target, e)),
+        })?;
         if let Ok(dir) = File::open(parent_dir(&self.target)) {
             // Some filesystems cannot fsync a directory; the data itself is
             // already durable, so this is best effort.
@@ -155,7 +214,7 @@ impl Write for AtomicFile {
 impl Drop for AtomicFile {
     fn drop(&mut self) {
         if !self.temp.as_os_str().is_empty() {
-            let _ = fs::remove_file(&self.temp);
+            let _ = settle(&mut self.temp, |temp| fs::remove_file(temp));
         }
     }
 }
@@ -212,26 +271,31 @@ impl AtomicDir {
         }
         sync_tree(&self.temp)?;
         let exists = fs::symlink_metadata(&self.target).is_ok();
+        let target = &self.target;
         if exists && self.overwrite == Overwrite::Replace {
-            rename2(&self.temp, &self.target, libc::RENAME_EXCHANGE)?;
-            // `temp` now names the old entry; Drop would do the same.
-            let old = std::mem::take(&mut self.temp);
-            let removed = if old.is_dir() {
-                fs::remove_dir_all(&old)
-            } else {
-                fs::remove_file(&old)
-            };
-            removed.map_err(|e| PublishError::io(&old, e))?;
-        } else {
-            rename2(&self.temp, &self.target, libc::RENAME_NOREPLACE).map_err(|e| match e {
-                PublishError::Io { source, .. }
-                    if source.kind() == io::ErrorKind::AlreadyExists =>
-                {
-                    PublishError::Exists(self.target.clone())
-                }
-                other => other,
+            {
+                // Under the lock: an interrupted run removes the new store
+                // before the swap (which then fails) or the old entry
+                // after it, never a store half removed under the final
+                // name. `temp` then names the old entry, still to be
+                // removed (here, else by Drop).
+                let _live = unpublished();
+                rename2(&self.temp, target, libc::RENAME_EXCHANGE)?;
+            }
+            settle(&mut self.temp, |old| {
+                remove_entry(old).map_err(|e| PublishError::io(old, e))
             })?;
-            self.temp = PathBuf::new();
+        } else {
+            settle(&mut self.temp, |temp| {
+                rename2(temp, target, libc::RENAME_NOREPLACE).map_err(|e| match e {
+                    PublishError::Io { source, .. }
+                        if source.kind() == io::ErrorKind::AlreadyExists =>
+                    {
+                        PublishError::Exists(target.clone())
+                    }
+                    other => other,
+                })
+            })?;
         }
         if let Ok(dir) = File::open(parent_dir(&self.target)) {
             let _ = dir.sync_all();
@@ -243,7 +307,7 @@ impl AtomicDir {
 impl Drop for AtomicDir {
     fn drop(&mut self) {
         if !self.temp.as_os_str().is_empty() {
-            let _ = fs::remove_dir_all(&self.temp);
+            let _ = settle(&mut self.temp, remove_entry);
         }
     }
 }
@@ -329,8 +393,12 @@ fn make_temporary<T>(
             std::process::id(),
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
+        let mut live = unpublished();
         match make(&temp) {
-            Ok(made) => return Ok((temp, made)),
+            Ok(made) => {
+                live.push(temp.clone());
+                return Ok((temp, made));
+            }
             // Left by an earlier process that had our PID (so it was not
             // removed as stale): take the next number.
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,

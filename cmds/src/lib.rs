@@ -6,6 +6,7 @@
 
 pub mod argparse;
 pub mod exit;
+pub mod interrupt;
 pub mod out;
 pub mod progress;
 pub mod qem_args;

@@ -1,20 +1,23 @@
 //! Crash safety of the commands that write files: `qem convert` and
-//! `semq encode` are killed with SIGKILL at points spread over their run
+//! `semq encode` are stopped by a signal at points spread over their run
 //! (fractions of the time one whole run takes, plus fixed early points).
 //! While a run goes on, the final name is watched as a reader would, and
-//! after every kill:
+//! after every stop:
 //!
 //! * the final name holds nothing, the file that was there before
 //!   (`--force`), or the complete output, byte-identical to an
 //!   uninterrupted run (which is itself fully validated);
-//! * everything else the killed run left in the output folder is a
-//!   temporary named `.NAME.tmp-PID-...` with the killed process's PID.
+//! * killed (SIGKILL), everything else the run left in the output folder
+//!   is a temporary named `.NAME.tmp-PID-...` with the killed process's
+//!   PID; interrupted (SIGINT, SIGTERM, SIGHUP), it left nothing else at
+//!   all, and it ended as that signal ends a process.
 //!
-//! At the end one more run, not killed, must succeed and leave only the
+//! At the end one more run, not stopped, must succeed and leave only the
 //! output behind: the temporaries of the killed runs are cleaned.
 
 use std::ffi::OsString;
 use std::fs;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::thread::sleep;
@@ -53,12 +56,66 @@ impl Job {
         self.out_dir.join(&self.out_name)
     }
 
+    /// What the final name holds, as bytes: a file's own; a store's files,
+    /// each as its path, its length and its bytes, in path order.
+    fn read_out(&self) -> Option<Vec<u8>> {
+        fn tree(dir: &Path, into: &mut Vec<u8>) -> std::io::Result<()> {
+            let mut names: Vec<PathBuf> = fs::read_dir(dir)?
+                .map(|e| e.map(|e| e.path()))
+                .collect::<Result<_, _>>()?;
+            names.sort();
+            for path in names {
+                if path.is_dir() {
+                    tree(&path, into)?;
+                } else {
+                    let bytes = fs::read(&path)?;
+                    into.extend_from_slice(path.as_os_str().as_encoded_bytes());
+                    into.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+                    into.extend_from_slice(&bytes);
+                }
+            }
+            Ok(())
+        }
+        let out = self.out();
+        if out.is_dir() {
+            let mut bytes = Vec::new();
+            tree(&out, &mut bytes).ok().map(|()| bytes)
+        } else {
+            fs::read(out).ok()
+        }
+    }
+
+    /// Makes the final name hold `before` again (`None`: nothing).
+    fn restore(&self, before: Option<&[u8]>) {
+        let out = self.out();
+        if out.is_dir() {
+            fs::remove_dir_all(&out).unwrap();
+        }
+        match before {
+            Some(bytes) => fs::write(out, bytes).unwrap(),
+            None => {
+                let _ = fs::remove_file(out);
+            }
+        }
+    }
+
     fn command(&self) -> Command {
         let mut c = Command::new(&self.program);
         c.args(&self.args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // The signals sent here act as in a terminal, even where the test
+        // runs with some of them ignored (a background job of a script).
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+                    libc::signal(signal, libc::SIG_DFL);
+                }
+                Ok(())
+            });
+        }
         c
     }
 
@@ -76,11 +133,16 @@ impl Job {
         t.elapsed()
     }
 
-    /// Starts a run and kills it (SIGKILL) after `delay`; the PID and
-    /// whether it had already finished. Until the kill, the final name is
-    /// watched like a reader would (every millisecond or so): `look` is
-    /// called with what it holds whenever that changes.
-    fn kill_after(&self, delay: Duration, mut look: impl FnMut(Option<&[u8]>)) -> (u32, bool) {
+    /// Starts a run and sends it `signal` after `delay`; the PID and, when
+    /// the signal found it still running, how it ended. Until then the
+    /// final name is watched like a reader would (every millisecond or
+    /// so): `look` is called with what it holds whenever that changes.
+    fn stop_after(
+        &self,
+        delay: Duration,
+        signal: libc::c_int,
+        mut look: impl FnMut(Option<&[u8]>),
+    ) -> (u32, Option<std::process::ExitStatus>) {
         let mut child = self.command().stderr(Stdio::null()).spawn().unwrap();
         let pid = child.id();
         let start = Instant::now();
@@ -90,30 +152,32 @@ impl Job {
                 let stamp = (meta.len(), meta.modified().unwrap());
                 if seen != Some(stamp) {
                     seen = Some(stamp);
-                    look(fs::read(self.out()).ok().as_deref());
+                    look(self.read_out().as_deref());
                 }
             }
             sleep(Duration::from_micros(500).min(delay.saturating_sub(start.elapsed())));
         }
-        let finished = child.try_wait().unwrap().is_some();
-        // Fails only when the process is already gone.
-        let _ = child.kill();
-        child.wait().unwrap();
-        (pid, finished)
+        if child.try_wait().unwrap().is_some() {
+            return (pid, None);
+        }
+        // The child is not reaped yet, so its PID is still its own.
+        // SAFETY: a plain syscall.
+        unsafe { libc::kill(pid as libc::pid_t, signal) };
+        (pid, Some(child.wait().unwrap()))
     }
 }
 
-/// Kills `job` at points spread over a whole run and checks what is left
-/// each time (see the module documentation). `before` is what the final
-/// name holds before each run (`None`: nothing), `complete` the bytes of an
-/// uninterrupted run.
-fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole: Duration) {
-    let restore = || match before {
-        Some(bytes) => fs::write(job.out(), bytes).unwrap(),
-        None => {
-            let _ = fs::remove_file(job.out());
-        }
-    };
+/// Stops `job` with `signal` at points spread over a whole run and checks
+/// what is left each time (see the module documentation). `before` is what
+/// the final name holds before each run (`None`: nothing), `complete` what
+/// an uninterrupted run leaves there.
+fn stop_at_many_points(
+    job: &Job,
+    signal: libc::c_int,
+    before: Option<&[u8]>,
+    complete: &[u8],
+    whole: Duration,
+) {
     let mut delays: Vec<Duration> = [0.02, 0.1, 0.25, 0.4, 0.55, 0.7, 0.85, 0.95, 1.05]
         .iter()
         .map(|f| whole.mul_f64(*f))
@@ -123,9 +187,9 @@ fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole:
     let mut left_temporaries = 0;
     let mut interrupted = 0;
     for delay in delays {
-        restore();
+        job.restore(before);
         let existing: Vec<String> = entries(&job.out_dir);
-        let (pid, finished) = job.kill_after(delay, |now| {
+        let (pid, ended) = job.stop_after(delay, signal, |now| {
             // While the writer runs, the final name holds the old file or
             // the complete output, never anything in between.
             if let Some(bytes) = now {
@@ -137,20 +201,27 @@ fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole:
                 );
             }
         });
-        interrupted += usize::from(!finished);
-        match fs::read(job.out()) {
-            Ok(bytes) if Some(&bytes[..]) == before => {}
-            Ok(bytes) => {
+        if let Some(status) = ended {
+            // Stopped, or done just before the signal came.
+            assert!(
+                status.signal() == Some(signal) || status.success(),
+                "stopped by signal {signal} after {delay:?}: ended with {status:?}"
+            );
+            interrupted += usize::from(!status.success());
+        }
+        match job.read_out() {
+            Some(bytes) if Some(&bytes[..]) == before => {}
+            Some(bytes) => {
                 assert!(
                     bytes == complete,
-                    "killed after {delay:?}: {} holds {} bytes that are not the complete output",
+                    "stopped after {delay:?}: {} holds {} bytes that are not the complete output",
                     job.out().display(),
                     bytes.len()
                 );
             }
-            Err(e) => assert!(
-                before.is_none() && e.kind() == std::io::ErrorKind::NotFound,
-                "killed after {delay:?}: {} is gone: {e}",
+            None => assert!(
+                before.is_none() && !job.out().exists(),
+                "stopped after {delay:?}: {} is gone",
                 job.out().display()
             ),
         }
@@ -160,6 +231,10 @@ fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole:
                 continue;
             }
             assert!(
+                signal == libc::SIGKILL,
+                "interrupted by signal {signal} after {delay:?}: {name} was left behind"
+            );
+            assert!(
                 name.starts_with(&mine),
                 "killed after {delay:?}: {name} is not a temporary of process {pid} ({mine}...)"
             );
@@ -167,14 +242,18 @@ fn kill_at_many_points(job: &Job, before: Option<&[u8]>, complete: &[u8], whole:
         }
     }
     assert!(
-        interrupted >= 3 && left_temporaries > 0,
-        "the kills did not interrupt the writer often enough to test anything \
+        interrupted >= 3 && (left_temporaries > 0 || signal != libc::SIGKILL),
+        "the signals did not interrupt the writer often enough to test anything \
          ({interrupted} interrupted runs, {left_temporaries} temporaries left)"
     );
     // The next run cleans the dead runs' temporaries.
-    restore();
+    job.restore(before);
     job.run();
-    assert_eq!(fs::read(job.out()).unwrap(), complete);
+    assert!(
+        job.read_out().as_deref() == Some(complete),
+        "a complete run after the stopped ones left other bytes in {}",
+        job.out().display()
+    );
     assert_eq!(
         entries(&job.out_dir),
         vec![job.out_name.clone()],
@@ -216,7 +295,7 @@ fn qem_reference(path: &Path, dense: &[u8]) -> Vec<u8> {
 }
 
 #[test]
-fn qem_convert_killed_leaves_no_partial_output() {
+fn qem_convert_stopped_leaves_no_partial_output() {
     let inputs = tempfile::tempdir().unwrap();
     let outputs = tempfile::tempdir().unwrap();
     let (input, dense) = counts_input(inputs.path());
@@ -232,11 +311,13 @@ fn qem_convert_killed_leaves_no_partial_output() {
     };
     let whole = job.run();
     let complete = qem_reference(&job.out(), &dense);
-    kill_at_many_points(&job, None, &complete, whole);
+    for signal in [libc::SIGKILL, libc::SIGINT] {
+        stop_at_many_points(&job, signal, None, &complete, whole);
+    }
 }
 
 #[test]
-fn qem_convert_force_killed_keeps_the_old_file_or_the_new_one() {
+fn qem_convert_force_stopped_keeps_the_old_file_or_the_new_one() {
     let inputs = tempfile::tempdir().unwrap();
     let outputs = tempfile::tempdir().unwrap();
     let (input, dense) = counts_input(inputs.path());
@@ -256,11 +337,13 @@ fn qem_convert_force_killed_keeps_the_old_file_or_the_new_one() {
     };
     let whole = job.run();
     let complete = qem_reference(&out, &dense);
-    kill_at_many_points(&job, Some(&old), &complete, whole);
+    for signal in [libc::SIGKILL, libc::SIGTERM] {
+        stop_at_many_points(&job, signal, Some(&old), &complete, whole);
+    }
 }
 
 #[test]
-fn semq_encode_killed_leaves_no_partial_output() {
+fn semq_encode_stopped_leaves_no_partial_output() {
     let inputs = tempfile::tempdir().unwrap();
     let outputs = tempfile::tempdir().unwrap();
     let (n, dim) = (200_000usize, 64usize);
@@ -305,5 +388,73 @@ fn semq_encode_killed_leaves_no_partial_output() {
     let e = Encoding::open(&out).unwrap();
     assert_eq!(e.len(), n);
     let complete = fs::read(&out).unwrap();
-    kill_at_many_points(&job, None, &complete, whole);
+    for signal in [libc::SIGKILL, libc::SIGHUP] {
+        stop_at_many_points(&job, signal, None, &complete, whole);
+    }
+}
+
+/// A Zarr store is a folder of many files, written under a temporary
+/// name and renamed into place whole.
+#[test]
+fn qem_convert_to_zarr_stopped_leaves_no_partial_store() {
+    let inputs = tempfile::tempdir().unwrap();
+    let outputs = tempfile::tempdir().unwrap();
+    let (npy, dense) = counts_input(inputs.path());
+    let qem = inputs.path().join("scan.qem");
+    let made = Command::new(env!("CARGO_BIN_EXE_qem"))
+        .args(["convert".as_ref(), npy.as_os_str(), qem.as_os_str()])
+        .output()
+        .unwrap();
+    assert!(made.status.success(), "{made:?}");
+    qem_reference(&qem, &dense);
+    let job = Job {
+        program: env!("CARGO_BIN_EXE_qem").into(),
+        args: vec![
+            "convert".into(),
+            qem.into(),
+            outputs.path().join("scan.zarr").into(),
+        ],
+        out_dir: outputs.path().to_path_buf(),
+        out_name: "scan.zarr".into(),
+    };
+    let whole = job.run();
+    let complete = job.read_out().unwrap();
+    for signal in [libc::SIGKILL, libc::SIGINT] {
+        stop_at_many_points(&job, signal, None, &complete, whole);
+    }
+}
+
+/// A run started with SIGINT ignored (`nohup`, a background job of a
+/// script) keeps ignoring it, as it did before it took the signal to
+/// remove its temporaries.
+#[test]
+fn an_ignored_interrupt_stays_ignored() {
+    let inputs = tempfile::tempdir().unwrap();
+    let outputs = tempfile::tempdir().unwrap();
+    let (input, dense) = counts_input(inputs.path());
+    let out = outputs.path().join("scan.qem");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_qem"));
+    command.args(["convert".as_ref(), input.as_os_str(), out.as_os_str()]);
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            libc::signal(libc::SIGINT, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    // Until the output's temporary appears: the run has taken its signals.
+    let start = Instant::now();
+    while entries(outputs.path()).is_empty() && start.elapsed() < Duration::from_secs(60) {
+        sleep(Duration::from_millis(1));
+    }
+    for _ in 0..3 {
+        // SAFETY: a plain syscall; the child is not reaped yet.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+        sleep(Duration::from_millis(5));
+    }
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    qem_reference(&out, &dense);
+    assert_eq!(entries(outputs.path()), vec!["scan.qem".to_string()]);
 }

@@ -4,6 +4,8 @@ use clap::Parser;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // First, before any thread starts.
+    qemfs_cmds::interrupt::install();
     let cli = match qemfs_cmds::qem_args::Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
