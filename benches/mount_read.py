@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 # The same mount and chunk reader as the Zarr bench (a sibling script).
-from zarr_view import Mount, chunk_read, load, read_files, read_files_cpu
+from zarr_view import Mount, chunk_read, fuse_request_limit, load, read_files, read_files_cpu
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(os.environ.get("QEMFS_BIN_DIR", REPO / "target" / "release"))
@@ -73,7 +73,7 @@ def main():
             m.close()
         dense = shape[0] * shape[1] * shape[2] * shape[3] * 2
         print(f"acquisition {shape}, {dense / 1e6:.0f} MB dense, {qem.stat().st_size / 1e6:.1f} MB "
-              f"as .qem; {os.cpu_count()} cores")
+              f"as .qem; {os.cpu_count()} cores; {fuse_request_limit()}")
         print(f"qem cat data.npy > /dev/null: {cat_s:.3f} s, {dense / cat_s / 1e6:.0f} MB/s  [load {load()}]")
 
         # With the CPU the daemon and the readers used, in cores busy: where

@@ -319,6 +319,18 @@ def load() -> str:
     return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
+def fuse_request_limit() -> str:
+    """The largest FUSE request the kernel allows a mount made now
+    (`fs.fuse.max_pages_limit`, Linux 6.13+; 1 MiB before): a chunk's
+    direct read reaches the daemon in requests of this size."""
+    try:
+        pages = int(open("/proc/sys/fs/fuse/max_pages_limit").read())
+    except OSError:
+        return "FUSE requests up to 1 MiB (a kernel before 6.13)"
+    kib = pages * os.sysconf("SC_PAGE_SIZE") // 1024
+    return f"FUSE requests up to {kib} KiB (fs.fuse.max_pages_limit {pages})"
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--scan", type=int, default=128)
@@ -342,7 +354,8 @@ def main():
         subprocess.run([BIN / "qem", "convert", work / "scan.npy", qem], check=True)
         (work / "scan.npy").unlink()
         print(f"acquisition: {args.scan}x{args.scan} x {args.detector}x{args.detector} uint16, "
-              f"{dense / 1e6:.0f} MB dense, {qem.stat().st_size / 1e6:.1f} MB as .qem")
+              f"{dense / 1e6:.0f} MB dense, {qem.stat().st_size / 1e6:.1f} MB as .qem; "
+              f"{fuse_request_limit()}")
 
         cats = [cat_once(qem) for _ in range(args.runs)]
         cat_s = min(cats)
