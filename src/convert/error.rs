@@ -62,4 +62,20 @@ impl ConvertError {
             source,
         }
     }
+
+    /// A shape the output format cannot hold is the input's fault, not
+    /// the output's: such an error names `input` instead (a store of
+    /// 2^40 frames was reported as `out.qem: invalid shape`).
+    pub fn of_input_shape(self, input: &Path) -> ConvertError {
+        match self {
+            ConvertError::Write {
+                source: source @ WriteError::Shape { .. },
+                path,
+            } => ConvertError::input(
+                input,
+                format!("cannot be written as {}: {source}", path.display()),
+            ),
+            other => other,
+        }
+    }
 }

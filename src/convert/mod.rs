@@ -263,7 +263,8 @@ pub fn convert(
             monitor.warn(&message);
         }
     }
-    let mut sink = open_sink(output, sink_format, source.description(), options)?;
+    let mut sink = open_sink(output, sink_format, source.description(), options)
+        .map_err(|e| e.of_input_shape(input))?;
     if options.masked {
         let Some(valid) = source.description().valid() else {
             return Err(ConvertError::input(

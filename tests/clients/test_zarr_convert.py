@@ -194,6 +194,15 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
     empty.mkdir()
     refused(tmp_path, empty)
 
+    # Valid Zarr, no chunk written (all fill value), but more scan rows
+    # than a .qem axis holds, and a detector too large for the codec: the
+    # store is at fault, and named, not the output.
+    for name, shape in [("long", (1 << 24, 1, 2, 2)), ("wide", (1, 1, 1 << 20, 1 << 20))]:
+        big = tmp_path / f"{name}.zarr"
+        zarr.create_array(str(big), shape=shape, chunks=(1, 1, 2, 2), dtype=np.uint16,
+                          zarr_format=3, compressors=None)
+        refused(tmp_path, big, "cannot be written as", "out.qem")
+
 
 def test_an_existing_store_is_never_replaced_without_force(tmp_path, copy_fixture):
     source = copy_fixture("qem/u8-two-block-chunks.qem")

@@ -842,6 +842,12 @@ fn chunk_scans(spec: &WriteSpec, pixels: u64) -> Result<u64, WriteError> {
                     s,
                     format!("chunks hold 1 to {MAX_COUNT_CHUNK_SCANS} scans"),
                 )),
+                // Not even one scan fits: the detector is at fault, not
+                // the length asked for.
+                Some(_) if !fits(1) => Err(WriteError::Shape {
+                    shape: spec.shape,
+                    reason: "the detector is too large for the codec's uint32 offsets".into(),
+                }),
                 Some(s) if !fits(s) => Err(bad(
                     s,
                     "the chunk would overflow the codec's uint32 offsets".into(),
