@@ -6,8 +6,10 @@
 //! overwrite) a rename. A crash at any point leaves either no file or the
 //! complete file under the final name, never a partial one.
 //!
-//! Temporary files are named `.NAME.tmp-PID-N` so users recognise them, and
-//! ones left behind by a process that no longer runs are removed the next
+//! Temporary files are named `.NAME.tmp-PID-N` so users recognise them.
+//! A process ending on a signal it can catch removes its own first
+//! ([`remove_unpublished`], called by the commands' signal thread); ones
+//! left behind by a process that was killed outright are removed the next
 //! time the same output is written.
 
 use std::fs::{self, File, OpenOptions};

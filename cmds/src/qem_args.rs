@@ -29,6 +29,10 @@ at most about 256 MiB of decoded frames per file, plus 20 bytes per detector
 pixel: a block that decodes to more than 64 MiB is decoded in windows.
 Files given together are worked on in parallel, one per core.
 
+Outputs appear whole or not at all. A run stopped by Ctrl-C, kill or a
+closed terminal removes its unfinished outputs, then ends with that
+signal's status (130 for Ctrl-C).
+
 Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
 
 #[derive(Debug, Parser)]

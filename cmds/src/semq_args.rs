@@ -19,6 +19,10 @@ Examples:
   semq encode --op quant --dim 384 --bins 4 --vectors v.npy --ids ids.txt out.semq
   semq hash *.semq > SUMS && semq hash --check SUMS
 
+Outputs appear whole or not at all. A run stopped by Ctrl-C, kill or a
+closed terminal removes its unfinished outputs, then ends with that
+signal's status (130 for Ctrl-C).
+
 Exit status: 0 ok / same / gate passed, 1 gate failed or files differ, 2 error.";
 
 #[derive(Debug, Parser)]
