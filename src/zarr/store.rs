@@ -180,22 +180,47 @@ fn build_array(
     Ok(array)
 }
 
-/// Decoded values (or stored codes) of frames `frames`, little-endian,
-/// decoded in bounded windows whatever the block's size.
-fn frames_bytes(file: &QemFile, frames: Range<usize>, codes: bool) -> Result<Vec<u8>, String> {
-    let frame_bytes = if codes {
-        2 * file.pixels()
-    } else {
-        file.frame_bytes()
-    };
-    let mut out = vec![0u8; frames.len() * frame_bytes];
+/// Decodes the values (or stored codes) of frames `frames` into `out`
+/// (exactly their length), little-endian, in bounded windows whatever the
+/// block's size. Every byte of `out` is written.
+fn read_frames_into(
+    file: &QemFile,
+    frames: Range<usize>,
+    codes: bool,
+    out: &mut [u8],
+) -> Result<(), String> {
     let read = if codes {
-        file.read_frame_codes_le(frames, &mut out)
+        file.read_frame_codes_le(frames, out)
     } else {
-        file.read_frames(frames, &mut out)
+        file.read_frames(frames, out)
     };
-    read.map_err(|e| e.to_string())?;
-    Ok(out)
+    read.map_err(|e| e.to_string())
+}
+
+/// Buffers of the stored objects being written, reused from one object to
+/// the next. A fresh one per object (tens of MB, above the allocator's
+/// mapping threshold) had its every page faulted in and cleared by the
+/// kernel as frames were decoded into it: about a tenth of a conversion's
+/// CPU time. One list for the conversion, not one buffer per thread: while
+/// a rayon thread waits inside zarrs' own parallel encoding it may start
+/// another object.
+#[derive(Default)]
+struct Buffers(std::sync::Mutex<Vec<Vec<u8>>>);
+
+impl Buffers {
+    /// A buffer of `len` bytes whose contents are stale: the caller writes
+    /// every byte.
+    fn take(&self, len: usize) -> Vec<u8> {
+        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        let mut b = kept.unwrap_or_default();
+        // Grows (zeroed) only the first time, or for a larger object.
+        b.resize(len, 0);
+        b
+    }
+
+    fn give(&self, b: Vec<u8>) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(b);
+    }
 }
 
 /// The chunk grid of a written 4-D array: the inner chunk shape (one
@@ -259,6 +284,7 @@ fn write_dense(
     } else {
         "chunk"
     };
+    let buffers = Buffers::default();
     indices.par_iter().try_for_each(|&[i, j]| {
         let row = i * object_rows;
         let column = j * object_columns;
@@ -272,25 +298,35 @@ fn write_dense(
         } else {
             present_columns
         };
-        let run = frames_bytes(file, first..first + count, codes).map_err(|e| fail(root, e))?;
-        let row_bytes = present_columns * frame_bytes;
-        let bytes = if present_columns == object_columns {
-            let mut b = run;
-            b.resize(object_rows * object_columns * frame_bytes, 0);
-            b
+        let present = count * frame_bytes;
+        let mut bytes = buffers.take(object_rows * object_columns * frame_bytes);
+        if present_columns == object_columns {
+            read_frames_into(file, first..first + count, codes, &mut bytes[..present])
+                .map_err(|e| fail(root, e))?;
+            // Rows past the scan's edge.
+            bytes[present..].fill(0);
         } else {
             // Columns padded up to the shard's width: place row by row.
-            let mut b = vec![0u8; object_rows * object_columns * frame_bytes];
+            let mut run = buffers.take(present);
+            read_frames_into(file, first..first + count, codes, &mut run)
+                .map_err(|e| fail(root, e))?;
+            bytes.fill(0);
+            let row_bytes = present_columns * frame_bytes;
             for (r, src) in run.chunks_exact(row_bytes.max(1)).enumerate() {
                 let at = r * object_columns * frame_bytes;
-                b[at..at + row_bytes].copy_from_slice(src);
+                bytes[at..at + row_bytes].copy_from_slice(src);
             }
-            b
-        };
-        progress((count * frame_bytes) as u64);
+            buffers.give(run);
+        }
+        progress(present as u64);
         array
-            .store_chunk(&[i as u64, j as u64, 0, 0], ArrayBytes::new_flen(bytes))
-            .map_err(|e| fail(root, format!("{what} {i}.{j}.0.0: {e}")))
+            .store_chunk(
+                &[i as u64, j as u64, 0, 0],
+                ArrayBytes::new_flen(&bytes[..]),
+            )
+            .map_err(|e| fail(root, format!("{what} {i}.{j}.0.0: {e}")))?;
+        buffers.give(bytes);
+        Ok(())
     })?;
     Ok((rows * columns * frame_bytes) as u64)
 }
