@@ -16,7 +16,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -26,6 +26,22 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 /// publishes or removes a temporary, happens under its lock, so that the
 /// removal never sees a temporary half made or half published.
 static UNPUBLISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Held shared by every write that reaches a temporary by its path, and
+/// exclusively by [`remove_unpublished`]. Such a write makes the folders
+/// on its path (zarrs makes a store's folders as it stores each chunk;
+/// the HDF5 library creates its file by name): one in flight while the
+/// temporaries are removed would make the store's folder anew and leave
+/// it behind.
+static BY_PATH: RwLock<()> = RwLock::new(());
+
+/// Runs `write`, which reaches a temporary by its path, so that an
+/// interrupted run's removal of its temporaries waits for it and no such
+/// write starts afterwards.
+pub(crate) fn by_path<T>(write: impl FnOnce() -> T) -> T {
+    let _shared = BY_PATH.read().unwrap_or_else(|e| e.into_inner());
+    write()
+}
 
 fn unpublished() -> MutexGuard<'static, Vec<PathBuf>> {
     UNPUBLISHED.lock().unwrap_or_else(|e| e.into_inner())
@@ -42,21 +58,17 @@ fn settle<T, E>(temp: &mut PathBuf, step: impl FnOnce(&Path) -> Result<T, E>) ->
     Ok(done)
 }
 
-/// Removes a temporary file or store, even while another thread still
-/// adds files to the store (each try removes what it finds).
+/// Removes a temporary file or store (nothing to do when it is gone).
 fn remove_entry(path: &Path) -> io::Result<()> {
-    let mut tries = 0;
-    loop {
-        let removed = match fs::symlink_metadata(path) {
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(e) => Err(e),
-            Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
-            Ok(_) => fs::remove_file(path),
-        };
-        match removed {
-            Err(e) if e.kind() != io::ErrorKind::NotFound && tries < 16 => tries += 1,
-            other => return other,
-        }
+    let removed = match fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => Err(e),
+        Ok(meta) if meta.is_dir() => fs::remove_dir_all(path),
+        Ok(_) => fs::remove_file(path),
+    };
+    match removed {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
     }
 }
 
@@ -65,19 +77,28 @@ fn remove_entry(path: &Path) -> io::Result<()> {
 /// dropped, so that no other thread makes or publishes one meanwhile. For
 /// a process about to end on a signal (Ctrl-C, `kill`): a final name then
 /// holds what it held before, or a complete output published before the
-/// removal began, and no temporary is left behind.
+/// removal began, and no temporary is left behind. Writes that reach a
+/// temporary by its path (zarrs' chunk stores, the HDF5 library's create)
+/// in flight finish first, and none starts until the guard is dropped.
 pub fn remove_unpublished() -> Unpublished {
+    // Always in this order: `by_path` writes never take the list's lock,
+    // and no holder of the list's lock waits for a `by_path` write.
+    let paths = BY_PATH.write().unwrap_or_else(|e| e.into_inner());
     let mut live = unpublished();
     for path in live.drain(..) {
         let _ = remove_entry(&path);
     }
-    Unpublished { _held: live }
+    Unpublished {
+        _held: live,
+        _paths: paths,
+    }
 }
 
-/// The list of temporaries, emptied and locked (see
-/// [`remove_unpublished`]).
+/// The list of temporaries, emptied and locked, and writes by path held
+/// off (see [`remove_unpublished`]).
 pub struct Unpublished {
     _held: MutexGuard<'static, Vec<PathBuf>>,
+    _paths: RwLockWriteGuard<'static, ()>,
 }
 
 /// Why an output could not be published.
@@ -573,6 +594,77 @@ mod tests {
             fs::write(d.temp().join("partial"), b"x").unwrap();
         }
         assert_eq!(names(dir.path()), vec!["late.zarr", "s.zarr"]);
+    }
+
+    /// Where [`removal_holds_off_writes_by_path`]'s own process writes.
+    const ALONE: &str = "QEMFS_TEST_REMOVAL_DIR";
+
+    /// An interrupted run's removal of its temporaries must not be undone
+    /// by a write still under way: zarrs makes a store's folders as it
+    /// stores each chunk, so a chunk stored just after the removal would
+    /// make the temporary store anew, and the process would end leaving
+    /// it behind. The removal acts on the whole process, so the test runs
+    /// alone in a process of its own (this test binary, started again).
+    #[test]
+    fn removal_holds_off_writes_by_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "publish::tests::removal_alone",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env(ALONE, dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("removal held"),
+            "{}{}",
+            said,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    /// The process of [`removal_holds_off_writes_by_path`].
+    #[test]
+    #[ignore = "started by removal_holds_off_writes_by_path in a process of its own"]
+    fn removal_alone() {
+        let dir = PathBuf::from(std::env::var_os(ALONE).expect("started by the test above"));
+        let store = AtomicDir::create(dir.join("s.zarr"), Overwrite::Never).unwrap();
+        let temp = store.temp().to_path_buf();
+        let written = std::sync::Arc::new(AtomicU64::new(0));
+        let writer = {
+            let (temp, written) = (temp.clone(), std::sync::Arc::clone(&written));
+            // Stores chunks as zarrs does, as fast as it can.
+            std::thread::spawn(move || {
+                for n in 0u64.. {
+                    let _ = by_path(|| {
+                        let folder = temp.join(format!("c/{}", n % 7));
+                        fs::create_dir_all(&folder)?;
+                        fs::write(folder.join(n.to_string()), b"chunk")
+                    });
+                    written.fetch_add(1, Ordering::Relaxed);
+                }
+            })
+        };
+        while written.load(Ordering::Relaxed) < 1000 {
+            std::thread::yield_now();
+        }
+        let _held = remove_unpublished();
+        let after = written.load(Ordering::Relaxed);
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!temp.exists(), "the store was made anew after its removal");
+        assert!(
+            written.load(Ordering::Relaxed) <= after + 1,
+            "writes by path went on after the removal"
+        );
+        assert!(!writer.is_finished());
+        println!("removal held");
+        // The writer waits for the guard for good: end here, as the
+        // commands do after the removal.
+        std::process::exit(0);
     }
 
     #[test]

@@ -288,7 +288,9 @@ impl EmdSink {
         let fail = |e: h5::Error| ConvertError::input(path, format!("writing HDF5: {e}"));
         let [rows, columns, h, w] = d.shape.map(|n| n as usize);
         let scan = crate::zarr::layout::scan_chunk(rows, columns, INTERVAL, d.frame_bytes());
-        let file = h5::File::create(target.temp_path()).map_err(fail)?;
+        // By name: the library creates the file anew if it is gone.
+        let file =
+            crate::publish::by_path(|| h5::File::create(target.temp_path())).map_err(fail)?;
         let data = layout(&file, d, [scan[0], scan[1], h, w], compression).map_err(fail)?;
         Ok(EmdSink {
             path: path.to_path_buf(),

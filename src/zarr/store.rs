@@ -24,6 +24,9 @@ use zarrs::array::{
 };
 use zarrs::filesystem::FilesystemStore;
 use zarrs::group::{Group, GroupBuilder};
+use zarrs::storage::{
+    Bytes, OffsetBytesIterator, StorageError, StoreKey, StorePrefix, WritableStorageTraits,
+};
 
 use super::layout::{self, DIMENSIONS};
 use super::shard;
@@ -118,6 +121,38 @@ fn zarr_type(d: Dtype) -> DataType {
 
 type Store = FilesystemStore;
 
+/// The store a conversion writes into: zarrs' store on disk, every write
+/// made under [`crate::publish::by_path`]. It makes the store's folders as
+/// it stores each chunk, so a write in flight while an interrupted run
+/// removes the temporary store would make it anew.
+struct Written(Store);
+
+impl WritableStorageTraits for Written {
+    fn set(&self, key: &StoreKey, value: Bytes) -> Result<(), StorageError> {
+        crate::publish::by_path(|| self.0.set(key, value))
+    }
+
+    fn set_partial_many(
+        &self,
+        key: &StoreKey,
+        offset_values: OffsetBytesIterator,
+    ) -> Result<(), StorageError> {
+        crate::publish::by_path(|| self.0.set_partial_many(key, offset_values))
+    }
+
+    fn erase(&self, key: &StoreKey) -> Result<(), StorageError> {
+        crate::publish::by_path(|| self.0.erase(key))
+    }
+
+    fn erase_prefix(&self, prefix: &StorePrefix) -> Result<(), StorageError> {
+        crate::publish::by_path(|| self.0.erase_prefix(prefix))
+    }
+
+    fn supports_set_partial(&self) -> bool {
+        self.0.supports_set_partial()
+    }
+}
+
 /// One array of a store to be written.
 struct ArraySpec<'a> {
     name: &'a str,
@@ -132,10 +167,10 @@ struct ArraySpec<'a> {
 }
 
 fn build_array(
-    store: &Arc<Store>,
+    store: &Arc<Written>,
     root: &Path,
     spec: ArraySpec<'_>,
-) -> Result<Array<Store>, ZarrError> {
+) -> Result<Array<Written>, ZarrError> {
     let ArraySpec {
         name,
         shape,
@@ -261,7 +296,7 @@ impl Grid {
 /// scan's edge.
 fn write_dense(
     file: &QemFile,
-    array: &Array<Store>,
+    array: &Array<Written>,
     grid: Grid,
     root: &Path,
     codes: bool,
@@ -352,7 +387,7 @@ pub(crate) fn write_store(
     }
     let dir = AtomicDir::create(target, overwrite).map_err(|e| fail(target, e))?;
     let root = dir.temp().to_path_buf();
-    let store = Arc::new(Store::new(&root).map_err(|e| fail(target, e))?);
+    let store = Arc::new(Written(Store::new(&root).map_err(|e| fail(target, e))?));
 
     let mut attributes = layout::group_attributes(file, source_name);
     if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
