@@ -47,6 +47,7 @@ pub mod qem;
 pub mod reduce;
 pub mod regular_file;
 pub mod semq;
+pub mod signals;
 pub mod sums;
 pub(crate) mod sync;
 pub mod tree;

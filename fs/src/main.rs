@@ -428,22 +428,6 @@ fn start_daemon(mut args: MountArgs) -> Result<(), String> {
     }
 }
 
-/// Blocks SIGINT and SIGTERM in every thread (so that they are taken by
-/// `sigtimedwait` below, not by the default handler that would kill the
-/// process with the mount in place).
-fn block_signals() -> libc::sigset_t {
-    // SAFETY: plain signal-set manipulation on a local set.
-    unsafe {
-        let mut set: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut set);
-        libc::sigaddset(&mut set, libc::SIGINT);
-        libc::sigaddset(&mut set, libc::SIGTERM);
-        libc::sigaddset(&mut set, libc::SIGHUP);
-        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
-        set
-    }
-}
-
 fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
     // A source truncated while mounted must give EIO, not end the daemon.
     qemfs::mapguard::install();
@@ -473,7 +457,14 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
         }
     };
     let (config, checked) = checked;
-    let signals = block_signals();
+    // SIGINT, SIGTERM and SIGHUP unmount: taken by `sigtimedwait` below,
+    // not by the default action, which would end the process with the
+    // mount in place.
+    let Some(signals) = qemfs::signals::block_ending() else {
+        let message = "the ending signals could not be blocked".to_string();
+        report(ready, &format!("error: {message}\n"));
+        return Err(message);
+    };
     let log_file = args
         .log_file
         .as_ref()

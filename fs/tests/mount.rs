@@ -7,6 +7,7 @@
 use std::ffi::CString;
 use std::fs;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -80,15 +81,30 @@ impl Mounted {
 
     /// `qemfs mount -f`: the daemon is our child (so a test can kill it).
     fn foreground() -> Mounted {
+        Mounted::foreground_ignoring(&[])
+    }
+
+    /// `qemfs mount -f` started with `ignored` signals ignored, as `nohup`
+    /// or a script's background job starts it.
+    fn foreground_ignoring(ignored: &'static [libc::c_int]) -> Mounted {
         let (dir, src, mnt) = Mounted::folder();
-        let child = Command::new(qemfs())
+        let mut command = Command::new(qemfs());
+        command
             .arg("mount")
             .arg("-f")
             .arg(&src)
             .arg(&mnt)
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::null());
+        // SAFETY: only async-signal-safe calls between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                for &signal in ignored {
+                    libc::signal(signal, libc::SIG_IGN);
+                }
+                Ok(())
+            });
+        }
+        let child = command.spawn().unwrap();
         let start = Instant::now();
         while !is_mounted(&mnt) {
             assert!(start.elapsed() < Duration::from_secs(20), "mount timed out");
@@ -418,6 +434,30 @@ fn source_changes_show_up() {
     fs::remove_file(m.src.join("late.qem")).unwrap();
     std::thread::sleep(Duration::from_millis(1100));
     assert!(!m.path("late.qem").exists());
+}
+
+/// `nohup qemfs mount -f ...`: a signal ignored when the daemon started
+/// (here SIGHUP, the terminal closing) stays ignored, and the mount stays;
+/// SIGTERM still unmounts.
+#[test]
+fn a_signal_ignored_at_start_leaves_the_mount_alone() {
+    if !can_mount() {
+        return;
+    }
+    let mut m = Mounted::foreground_ignoring(&[libc::SIGHUP]);
+    let mut child = m.child.take().unwrap();
+    // SAFETY: signalling our own child, not reaped yet.
+    unsafe { libc::kill(child.id() as i32, libc::SIGHUP) };
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP ended a daemon started with it ignored"
+    );
+    assert!(is_mounted(&m.mnt));
+    // SAFETY: as above.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    assert!(!is_mounted(&m.mnt));
 }
 
 #[test]
