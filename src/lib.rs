@@ -41,6 +41,7 @@ pub mod convert;
 pub mod export;
 pub mod mapguard;
 pub mod npy;
+pub(crate) mod pool;
 pub mod publish;
 pub(crate) mod python_json;
 pub mod qem;

@@ -30,6 +30,7 @@ use zarrs::storage::{
 
 use super::layout::{self, DIMENSIONS};
 use super::shard;
+use crate::pool::Pool;
 use crate::publish::{AtomicDir, Overwrite};
 use crate::qem::write::{Content, CountDtype, WriteSpec, RESERVED};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -232,32 +233,6 @@ fn read_frames_into(
     read.map_err(|e| e.to_string())
 }
 
-/// Buffers of the stored objects being written, reused from one object to
-/// the next. A fresh one per object (tens of MB, above the allocator's
-/// mapping threshold) had its every page faulted in and cleared by the
-/// kernel as frames were decoded into it: about a tenth of a conversion's
-/// CPU time. One list for the conversion, not one buffer per thread: while
-/// a rayon thread waits inside zarrs' own parallel encoding it may start
-/// another object.
-#[derive(Default)]
-struct Buffers(std::sync::Mutex<Vec<Vec<u8>>>);
-
-impl Buffers {
-    /// A buffer of `len` bytes whose contents are stale: the caller writes
-    /// every byte.
-    fn take(&self, len: usize) -> Vec<u8> {
-        let kept = self.0.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        let mut b = kept.unwrap_or_default();
-        // Grows (zeroed) only the first time, or for a larger object.
-        b.resize(len, 0);
-        b
-    }
-
-    fn give(&self, b: Vec<u8>) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(b);
-    }
-}
-
 /// The chunk grid of a written 4-D array: the inner chunk shape (one
 /// block's worth of frames, [`layout::chunk_shape`]) and, when sharded,
 /// the shard shape.
@@ -319,7 +294,13 @@ fn write_dense(
     } else {
         "chunk"
     };
-    let buffers = Buffers::default();
+    // The objects' buffers, reused from one object to the next (see
+    // `crate::pool`): one pool for the conversion, not one buffer per
+    // thread, since a rayon thread waiting inside zarrs' own parallel
+    // encoding may start another object. Idle ones are kept up to two per
+    // thread.
+    let object_bytes = object_rows * object_columns * frame_bytes;
+    let buffers = Pool::new(2 * rayon::current_num_threads() * object_bytes);
     indices.par_iter().try_for_each(|&[i, j]| {
         let row = i * object_rows;
         let column = j * object_columns;
@@ -334,7 +315,7 @@ fn write_dense(
             present_columns
         };
         let present = count * frame_bytes;
-        let mut bytes = buffers.take(object_rows * object_columns * frame_bytes);
+        let mut bytes = buffers.take_stale(object_bytes);
         if present_columns == object_columns {
             read_frames_into(file, first..first + count, codes, &mut bytes[..present])
                 .map_err(|e| fail(root, e))?;
@@ -342,7 +323,7 @@ fn write_dense(
             bytes[present..].fill(0);
         } else {
             // Columns padded up to the shard's width: place row by row.
-            let mut run = buffers.take(present);
+            let mut run = buffers.take_stale(present);
             read_frames_into(file, first..first + count, codes, &mut run)
                 .map_err(|e| fail(root, e))?;
             bytes.fill(0);

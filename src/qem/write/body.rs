@@ -8,7 +8,7 @@
 use std::io;
 use std::path::PathBuf;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use serde_json::Value;
@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use super::publish::io_error;
 use super::spool::Spool;
 use super::WriteError;
+use crate::pool::Pool;
 use crate::qem::checksum::hex;
 use crate::qem::checksum::CHECKSUM_BLOCK;
 
@@ -86,33 +87,7 @@ const RECYCLE_BYTES: usize = 8 << 20;
 /// faulting in fresh ones (the allocator returns freed pieces to the
 /// system between chunks; on a float import those faults were ~6% of the
 /// CPU time).
-#[derive(Clone, Default)]
-pub(super) struct Recycled(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl Recycled {
-    /// An empty buffer with room for `capacity` bytes.
-    pub fn take(&self, capacity: usize) -> Vec<u8> {
-        let kept = self.0.lock().ok().and_then(|mut pool| pool.pop());
-        match kept {
-            Some(mut v) if v.capacity() >= capacity => {
-                v.clear();
-                v
-            }
-            _ => Vec::with_capacity(capacity),
-        }
-    }
-
-    fn give(&self, pieces: Vec<Vec<u8>>) {
-        let Ok(mut pool) = self.0.lock() else { return };
-        let mut held: usize = pool.iter().map(Vec::capacity).sum();
-        for piece in pieces {
-            if piece.capacity() >= RECYCLE_MIN && held + piece.capacity() <= RECYCLE_BYTES {
-                held += piece.capacity();
-                pool.push(piece);
-            }
-        }
-    }
-}
+pub(super) type Recycled = Arc<Pool>;
 
 /// What the body's thread hands back at the end.
 pub(super) struct Written {
@@ -139,7 +114,11 @@ fn work(
         // On an error the receiver is dropped, so the next send fails and
         // the writer collects this error.
         written.unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-        recycled.give(batch);
+        for piece in batch {
+            if piece.capacity() >= RECYCLE_MIN {
+                recycled.give(piece);
+            }
+        }
     }
     Ok(Written {
         sink,
@@ -164,7 +143,7 @@ impl Body {
         // the encoder the one it is building, no more (memory stays bounded
         // by two chunks' encoded bytes).
         let (sender, receiver) = sync_channel(0);
-        let recycled = Recycled::default();
+        let recycled = Arc::new(Pool::new(RECYCLE_BYTES));
         let given = recycled.clone();
         let worker = std::thread::Builder::new()
             .name("qem-body".into())
@@ -288,7 +267,10 @@ mod tests {
         let again = body.recycled.take(2 * RECYCLE_MIN);
         assert!(again.is_empty() && again.capacity() >= 3 * RECYCLE_MIN);
         assert_eq!(again.as_ptr(), at);
-        assert!(body.recycled.0.lock().unwrap().is_empty());
-        assert!(body.recycled.take(100).capacity() >= 100);
+        assert_eq!(
+            body.recycled.take_stale(10),
+            vec![0u8; 10],
+            "the small piece was not kept"
+        );
     }
 }
