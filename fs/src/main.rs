@@ -86,7 +86,9 @@ struct MountArgs {
     source: PathBuf,
     /// An empty directory to mount on (outside SRC)
     mountpoint: PathBuf,
-    /// Stay in the foreground (logs on stderr); Ctrl-C unmounts
+    /// Stay in the foreground (logs on stderr); Ctrl-C, `kill` or a closed
+    /// terminal unmount (a signal ignored at start, as under nohup, stays
+    /// ignored)
     #[arg(short, long)]
     foreground: bool,
     /// Append log lines to this file
