@@ -91,6 +91,52 @@ fn validate_accepts_good_files_and_rejects_every_bad_one() {
     }
 }
 
+/// A damaged file is refused by every conversion that reads its content,
+/// and the message names the damaged file, not the output being written.
+#[test]
+fn conversions_of_a_damaged_file_name_the_file() {
+    let dir = fixtures();
+    let mut refused = std::collections::BTreeMap::<&str, usize>::new();
+    for e in entries().iter().filter(|e| e["expected"] != "accepted") {
+        let input = dir.join(format!("{}.qem", name(e)));
+        for extension in ["npy", "zarr", "qem"] {
+            let tmp = tempfile::tempdir().unwrap();
+            let output = tmp.path().join(format!("out.{extension}"));
+            let out = qem()
+                .arg("convert")
+                .arg(&input)
+                .arg(&output)
+                .output()
+                .unwrap();
+            if out.status.success() {
+                // Damage that only full validation sees (the spatial
+                // index, say) does not stop a conversion.
+                continue;
+            }
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{stderr}");
+            assert!(
+                stderr.starts_with(&format!("error: {}: ", input.display())),
+                "{} -> out.{extension}: {stderr}",
+                name(e)
+            );
+            assert!(
+                fs::read_dir(tmp.path()).unwrap().next().is_none(),
+                "{} -> out.{extension} left files behind",
+                name(e)
+            );
+            *refused.entry(extension).or_default() += 1;
+        }
+    }
+    // Damage in the body reaches each kind of output.
+    for extension in ["npy", "zarr", "qem"] {
+        assert!(
+            refused.get(extension).is_some_and(|&n| n >= 3),
+            "{refused:?}"
+        );
+    }
+}
+
 #[test]
 fn npy_to_qem_to_npy_round_trips_every_accepted_array() {
     let dir = fixtures();

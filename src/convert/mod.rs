@@ -349,10 +349,6 @@ fn qem_to_zarr(
         file.verify_logical()
             .map_err(|e| ConvertError::read(input, e))?;
     }
-    let name = input
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
     let overwrite = if options.force {
         crate::publish::Overwrite::Replace
     } else {
@@ -363,7 +359,7 @@ fn qem_to_zarr(
     let done = std::sync::atomic::AtomicU64::new(0);
     let written = crate::zarr::store::write_store(
         &file,
-        &name,
+        input,
         output,
         overwrite,
         options.zarr_compression,

@@ -36,7 +36,8 @@ use crate::qem::write::{Content, CountDtype, WriteSpec, RESERVED};
 use crate::qem::{Codec, Dtype, QemFile};
 
 /// Why a store could not be written or read; names the store (and the
-/// chunk, where one is to blame).
+/// chunk, where one is to blame), or the source file when its content is
+/// to blame.
 #[derive(Debug, thiserror::Error)]
 #[error("{}: {reason}", store.display())]
 pub struct ZarrError {
@@ -271,6 +272,7 @@ impl Grid {
 /// scan's edge.
 fn write_dense(
     file: &QemFile,
+    source: &Path,
     array: &Array<Written>,
     grid: Grid,
     root: &Path,
@@ -318,14 +320,14 @@ fn write_dense(
         let mut bytes = buffers.take_stale(object_bytes);
         if present_columns == object_columns {
             read_frames_into(file, first..first + count, codes, &mut bytes[..present])
-                .map_err(|e| fail(root, e))?;
+                .map_err(|e| fail(source, e))?;
             // Rows past the scan's edge.
             bytes[present..].fill(0);
         } else {
             // Columns padded up to the shard's width: place row by row.
             let mut run = buffers.take_stale(present);
             read_frames_into(file, first..first + count, codes, &mut run)
-                .map_err(|e| fail(root, e))?;
+                .map_err(|e| fail(source, e))?;
             bytes.fill(0);
             let row_bytes = present_columns * frame_bytes;
             for (r, src) in run.chunks_exact(row_bytes.max(1)).enumerate() {
@@ -351,9 +353,10 @@ fn write_dense(
 /// `codes` (scaled files), `mask` (counts) and the coordinate arrays, all
 /// with the attributes of the mount's `data.zarr`, plus `qem.header` for
 /// the way back. `progress` is told the dense bytes of each chunk written.
+/// A fault in `file`'s content is reported against `source`, its path.
 pub(crate) fn write_store(
     file: &QemFile,
-    source_name: &str,
+    source: &Path,
     target: &Path,
     overwrite: Overwrite,
     compression: Compression,
@@ -363,16 +366,19 @@ pub(crate) fn write_store(
     if file.logical_expected().is_some() {
         // A whole float array leaves: its logical checksum must hold
         // (see crate::qem::logical), before anything is written.
-        file.verify_logical()
-            .map_err(|e| fail(target, format!("{source_name}: {e}")))?;
+        file.verify_logical().map_err(|e| fail(source, e))?;
     }
     let dir = AtomicDir::create(target, overwrite).map_err(|e| fail(target, e))?;
     let root = dir.temp().to_path_buf();
     let store = Arc::new(Written(Store::new(&root).map_err(|e| fail(target, e))?));
 
-    let mut attributes = layout::group_attributes(file, source_name);
+    let source_name = source
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut attributes = layout::group_attributes(file, &source_name);
     if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
-        let kept = kept_header(file).map_err(|e| fail(target, format!("{source_name}: {e}")))?;
+        let kept = kept_header(file).map_err(|e| fail(source, e))?;
         qem.insert("header".into(), Value::Object(kept));
     }
     let mut group = GroupBuilder::new()
@@ -405,7 +411,7 @@ pub(crate) fn write_store(
         },
     )?;
     let mut arrays = vec![("data".to_string(), data.metadata().clone())];
-    let mut dense_bytes = write_dense(file, &data, grid, target, false, progress)?;
+    let mut dense_bytes = write_dense(file, source, &data, grid, target, false, progress)?;
     let mut written = data.chunk_grid_shape().iter().product::<u64>();
     if file.codec() == Codec::Scaled {
         let codes = build_array(
@@ -423,7 +429,7 @@ pub(crate) fn write_store(
             },
         )?;
         arrays.push(("codes".to_string(), codes.metadata().clone()));
-        dense_bytes += write_dense(file, &codes, grid, target, true, progress)?;
+        dense_bytes += write_dense(file, source, &codes, grid, target, true, progress)?;
         written += codes.chunk_grid_shape().iter().product::<u64>();
     }
     if let Some(mask) = layout::mask_bytes(file) {
