@@ -316,13 +316,15 @@ impl DectrisSource {
         let pixels = (rows * columns) as usize;
         let mask = match file.dataset(MASK_PATH) {
             Ok(ds) => {
-                let m: Vec<u32> = ds.read_raw().map_err(|e| h5err(path, MASK_PATH, e))?;
-                if m.len() != pixels {
+                // Its declared size first: the file may declare any size
+                // without storing it.
+                if ds.size() != pixels {
                     return Err(ConvertError::input(
                         path,
-                        format!("{MASK_PATH} has {} pixels, the frames {pixels}", m.len()),
+                        format!("{MASK_PATH} has {} pixels, the frames {pixels}", ds.size()),
                     ));
                 }
+                let m: Vec<u32> = ds.read_raw().map_err(|e| h5err(path, MASK_PATH, e))?;
                 Some(m.iter().map(|&v| v != 0).collect::<Vec<bool>>())
             }
             Err(_) => None,

@@ -165,8 +165,13 @@ pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
 /// Spacing and unit of an EMD dimension vector.
 fn emd_dim(group: &h5::Group, i: usize) -> Option<(f64, String, String)> {
     let ds = group.dataset(&format!("dim{i}")).ok()?;
-    let v: Vec<f64> = ds.read_raw().ok()?;
-    let step = (v.len() >= 2).then(|| v[1] - v[0])?;
+    // The first two entries give the step: the vector may be declared of
+    // any length, stored or not, so it is not read whole.
+    if ds.ndim() != 1 || ds.size() < 2 {
+        return None;
+    }
+    let v: Vec<f64> = ds.read_slice_1d(0..2).ok()?.to_vec();
+    let step = v[1] - v[0];
     let units = string_attr(&ds, "units").unwrap_or_default();
     let name = string_attr(&ds, "name").unwrap_or_default();
     Some((step, units, name))

@@ -738,6 +738,21 @@ impl ZarrSource {
                 .array
                 .chunk_subset(&index)
                 .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
+            // zarrs computes byte offsets within a chunk in u64 without
+            // checking: a chunk shape whose bytes overflow made it panic.
+            let bytes = chunk
+                .shape()
+                .iter()
+                .try_fold(element as u64, |b, &n| b.checked_mul(n));
+            if bytes.is_none_or(|b| b > i64::MAX as u64) {
+                return Err(fail(
+                    &self.path,
+                    format!(
+                        "{key}: a chunk of shape {:?} is too large to read",
+                        chunk.shape()
+                    ),
+                ));
+            }
             let part = chunk
                 .overlap(&band)
                 .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;

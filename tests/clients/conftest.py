@@ -8,6 +8,7 @@ with the virtual environment that scripts/setup.sh makes (.venv/).
 import io
 import json
 import os
+import resource
 import shutil
 import subprocess
 import time
@@ -41,6 +42,15 @@ def run(name: str, *args, check=True, **kwargs) -> subprocess.CompletedProcess:
             f"{name} {' '.join(map(str, args))} exited {out.returncode}: {out.stderr.decode(errors='replace')}"
         )
     return out
+
+
+def address_space_limit(gib: float):
+    """A `preexec_fn` capping a child's address space at `gib` GiB: a run
+    that allocates what a hostile field declares fails there, where with
+    enough memory it would only be slow."""
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (int(gib * 2**30),) * 2)
+    return limit
 
 
 def cat(qem, path, *flags) -> bytes:

@@ -10,7 +10,7 @@ import hdf5plugin
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import address_space_limit, run
 
 H, W = 16, 24
 
@@ -197,3 +197,17 @@ def test_a_chunk_cut_short_is_refused_naming_the_chunk(tmp_path, compression):
     assert "panicked" not in err
     assert not (tmp_path / "cut.qem").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["scan_master.h5", "scan_data_000001.h5", "scan_data_000002.h5"])
+
+
+def test_a_pixel_mask_declared_huge_is_refused_before_it_is_read(tmp_path):
+    master = write_dectris(tmp_path, [counts(4)])
+    with h5py.File(master, "a") as m:
+        # 64 GiB declared, nothing stored: a few KB on disk.
+        m.create_dataset("entry/instrument/detector/detectorSpecific/pixel_mask",
+                         shape=(1 << 17, 1 << 17), dtype=np.uint32, chunks=(64, 64))
+    out = run("qem", "convert", master, tmp_path / "a.qem", "--scan", "2,2", check=False,
+              preexec_fn=address_space_limit(3))
+    err = out.stderr.decode()
+    assert out.returncode == 2, err
+    assert err.startswith(f"error: {master}: ") and f"has {1 << 34} pixels, the frames {H * W}" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scan_data_000001.h5", master.name]

@@ -7,7 +7,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import run
+from conftest import address_space_limit, run
 
 R, C, H, W = 3, 5, 6, 7
 
@@ -59,3 +59,25 @@ def test_a_3d_float_dataset_needs_a_scan_and_missing_paths_are_named(tmp_path):
     out = run("qem", "convert", f"{path}:/entry/nothing", tmp_path / "y.qem", check=False)
     assert out.returncode == 2 and out.stderr.decode().startswith(f"error: {path}: /entry/nothing")
     assert not (tmp_path / "x.qem").exists() and not (tmp_path / "y.qem").exists()
+
+
+def test_an_emd_dim_vector_declared_huge_is_not_read_whole(tmp_path):
+    # Only the first two entries give the step; the vector may declare any
+    # length (here 4 GiB of float64, two entries stored).
+    a = np.arange(R * C * H * W, dtype=np.uint16).reshape(R, C, H, W)
+    path = tmp_path / "scan.emd"
+    with h5py.File(path, "w") as f:
+        f.attrs["version_major"] = 1
+        f.attrs["version_minor"] = 0
+        g = f.create_group("experimental/science_data")
+        g.attrs["emd_group_type"] = 1
+        g.create_dataset("data", data=a)
+        for i, (n, step, units) in enumerate([(R, 0.5, "nm"), (C, 0.25, "nm"), (H, 0.8, "mrad")], start=1):
+            g.create_dataset(f"dim{i}", data=np.arange(n) * step).attrs["units"] = units
+        d = g.create_dataset("dim4", shape=(1 << 29,), dtype=np.float64, chunks=(1024,))
+        d[:2] = [0.0, 0.8]
+        d.attrs["units"] = "mrad"
+    out = tmp_path / "out.qem"
+    run("qem", "convert", path, out, preexec_fn=address_space_limit(3))
+    sm = json.loads(run("qem", "show", "--json", out).stdout)["header"]["scientific_metadata"]
+    assert [x["sampling"]["value"] for x in sm["axes"]] == pytest.approx([5.0, 2.5, 0.8, 0.8])

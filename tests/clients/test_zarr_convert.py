@@ -194,6 +194,15 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
     empty.mkdir()
     refused(tmp_path, empty)
 
+    # Metadata carries no checksum: a chunk shape edited to 2^63 - 1, whose
+    # bytes overflow when a chunk is read.
+    huge = tmp_path / "huge_chunk.zarr"
+    write_store(huge, sample(np.uint16), 2, "blosc", (2, 3, 6, 9))
+    meta = json.loads((huge / ".zarray").read_text())
+    meta["chunks"][3] = (1 << 63) - 1
+    (huge / ".zarray").write_text(json.dumps(meta))
+    refused(tmp_path, huge, "chunk 0.0.0.0", "too large to read")
+
     # Valid Zarr, no chunk written (all fill value), but more scan rows
     # than a .qem axis holds, and a detector too large for the codec: the
     # store is at fault, and named, not the output.
