@@ -19,13 +19,15 @@ use zarrs::array::codec::{
     SubchunkWriteOrder, ZstdCodec,
 };
 use zarrs::array::{
-    data_type, Array, ArrayBuilder, ArrayBytes, ArrayShardedExt, ArraySubset, CodecSpecificOptions,
-    DataType,
+    data_type, Array, ArrayBuilder, ArrayBytes, ArrayShardedExt, ArrayShardedReadableExt,
+    ArrayShardedReadableExtCache, ArraySubset, CodecSpecificOptions, DataType,
 };
 use zarrs::filesystem::FilesystemStore;
 use zarrs::group::{Group, GroupBuilder};
+use zarrs::storage::byte_range::ByteRange;
 use zarrs::storage::{
-    Bytes, OffsetBytesIterator, StorageError, StoreKey, StorePrefix, WritableStorageTraits,
+    Bytes, OffsetBytesIterator, ReadableStorageTraits, StorageError, StoreKey, StorePrefix,
+    WritableStorageTraits,
 };
 
 use super::layout::{self, DIMENSIONS};
@@ -519,6 +521,18 @@ pub struct ZarrSource {
     mask: Option<Vec<bool>>,
     /// `qem.header` of a store we wrote: the original file's members.
     header: Option<Map<String, Value>>,
+    /// The shard indexes checked so far, when `array` is sharded.
+    shards: Option<Shards>,
+}
+
+/// zarrs trusts a shard index's offsets and lengths: one edited (its
+/// checksum recomputed) to point past the shard's end made it panic on an
+/// overflowing sum, or abort on an allocation of 2^63 bytes. So each
+/// shard's index is checked against the shard's size before the shard is
+/// read.
+struct Shards {
+    cache: ArrayShardedReadableExtCache,
+    checked: std::sync::Mutex<std::collections::HashSet<Vec<u64>>>,
 }
 
 impl ZarrSource {
@@ -578,6 +592,12 @@ impl ZarrSource {
                 ),
             ));
         };
+        // Only an array sharded and nothing else lets zarrs say where its
+        // inner chunks lie (see `Shards`).
+        let shards = array.is_exclusively_sharded().then(|| Shards {
+            cache: ArrayShardedReadableExtCache::new(&array),
+            checked: Default::default(),
+        });
         let mut source = ZarrSource {
             path: path.to_path_buf(),
             array,
@@ -585,6 +605,7 @@ impl ZarrSource {
             dtype,
             mask: None,
             header: None,
+            shards,
         };
         if let Some(group) = group {
             if let Some(Value::Object(h)) =
@@ -762,6 +783,7 @@ impl ZarrSource {
             let local = part
                 .relative_to(chunk.start())
                 .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
+            self.check_shard(&index, &key)?;
             let bytes = self
                 .array
                 .retrieve_chunk_subset::<ArrayBytes>(&index, &local)
@@ -781,6 +803,78 @@ impl ZarrSource {
                 element,
             );
         }
+        Ok(())
+    }
+}
+
+impl ZarrSource {
+    /// Checks, once per shard, that the shard's index places every inner
+    /// chunk within the shard's bytes (see [`Shards`]). `key` names the
+    /// shard in errors.
+    fn check_shard(&self, shard: &[u64], key: &str) -> Result<(), ZarrError> {
+        let Some(shards) = &self.shards else {
+            return Ok(());
+        };
+        let done = |s: &[u64]| {
+            shards
+                .checked
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(s)
+        };
+        if done(shard) {
+            return Ok(());
+        }
+        let err = |e: &dyn std::fmt::Display| fail(&self.path, format!("{key}: {e}"));
+        let store_key = self.array.chunk_key(shard);
+        let Some(size) = self
+            .array
+            .storage()
+            .size_key(&store_key)
+            .map_err(|e| err(&e))?
+        else {
+            // A missing shard reads as the fill value.
+            return Ok(());
+        };
+        let inner = self
+            .array
+            .subchunk_shape()
+            .ok_or_else(|| err(&"sharded without an inner chunk shape"))?;
+        let outer = self.array.chunk_shape(shard).map_err(|e| err(&e))?;
+        let grid = self.array.subchunk_grid_shape();
+        // The inner chunks of this shard that hold part of the array.
+        let ranges: Vec<Range<u64>> = (0..shard.len())
+            .map(|d| {
+                let per = outer[d].get() / inner[d].get();
+                let first = shard[d].saturating_mul(per);
+                first..first.saturating_add(per).min(grid[d])
+            })
+            .collect();
+        for at in ArraySubset::new_with_ranges(&ranges).indices().iter() {
+            let range = self
+                .array
+                .subchunk_byte_range(&shards.cache, &at)
+                .map_err(|e| err(&e))?;
+            let (offset, len) = match range {
+                None => continue,
+                Some(ByteRange::FromStart(offset, len)) => (offset, len.unwrap_or(0)),
+                Some(ByteRange::Suffix(len)) => (size.saturating_sub(len), len),
+            };
+            if offset.checked_add(len).is_none_or(|end| end > size) {
+                return Err(err(&format_args!(
+                    "its index places inner chunk {at:?} at byte {offset}, {len} bytes long, \
+                     past the shard's {size} bytes"
+                )));
+            }
+        }
+        // The decoded index is needed no more: memory stays bounded
+        // whatever the number of shards.
+        shards.cache.clear();
+        shards
+            .checked
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(shard.to_vec());
         Ok(())
     }
 }

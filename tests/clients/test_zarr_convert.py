@@ -4,6 +4,7 @@ read, and any 4-D array zarr-python writes converted into `.qem`."""
 import io
 import json
 import os
+import struct
 from pathlib import Path
 
 import numcodecs
@@ -202,6 +203,22 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
     meta["chunks"][3] = (1 << 63) - 1
     (huge / ".zarray").write_text(json.dumps(meta))
     refused(tmp_path, huge, "chunk 0.0.0.0", "too large to read")
+
+    # A shard index (its crc32c recomputed) placing an inner chunk past the
+    # shard's end: at offset 2^64 - 1, or 2^63 bytes long.
+    for name, entry in [("far", ((1 << 64) - 1, 16)), ("long", (0, 1 << 63))]:
+        sharded = tmp_path / f"{name}_shard.zarr"
+        z = zarr.create_array(str(sharded), shape=(4, 4, 6, 9), chunks=(1, 2, 6, 9), shards=(2, 4, 6, 9),
+                              dtype=np.uint16, zarr_format=3)
+        z[:] = sample(np.uint16, shape=(4, 4, 6, 9))
+        shard = sharded / "c" / "1" / "0" / "0" / "0"
+        raw = bytearray(shard.read_bytes())
+        entries = 2 * 2  # inner chunks per shard
+        index = len(raw) - (16 * entries + 4)
+        raw[index + 16 : index + 32] = struct.pack("<QQ", *entry)
+        raw[-4:] = struct.pack("<I", numcodecs.checksum32.crc32c_checksum(bytes(raw[index:-4])))
+        shard.write_bytes(bytes(raw))
+        refused(tmp_path, sharded, "shard c/1/0/0/0", "past the shard's")
 
     # Valid Zarr, no chunk written (all fill value), but more scan rows
     # than a .qem axis holds, and a detector too large for the codec: the
