@@ -122,10 +122,26 @@ pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
         .group("/")
         .map_err(|e| ConvertError::input(path, e.to_string()))?;
     let mut todo = vec![(top, 0)];
+    // Groups and arrays met so far, by identity: one reached again (a
+    // second hard link, a soft or external link back into the file, a
+    // loop) is taken once. Without it, 120 links from the root to itself
+    // made the search exponential, and one array under two names was
+    // refused as "several".
+    let mut seen: Vec<(u64, h5::LocationToken)> = Vec::new();
+    let mut first_time = |object: &h5::Location| match object.loc_info() {
+        Ok(info) if !seen.contains(&(info.fileno, info.token)) => {
+            seen.push((info.fileno, info.token));
+            true
+        }
+        _ => false,
+    };
     while let Some((group, depth)) = todo.pop() {
+        if !first_time(&group) {
+            continue;
+        }
         if EmdGroup::of(&group).is_some() {
             if let Ok(ds) = group.dataset("data") {
-                if ds.ndim() == 4 {
+                if ds.ndim() == 4 && first_time(&ds) {
                     let cube = string_attr(&group, "python_class").as_deref() == Some("DataCube");
                     found.push((ds.name(), cube));
                 }

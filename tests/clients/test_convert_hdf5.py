@@ -81,3 +81,24 @@ def test_an_emd_dim_vector_declared_huge_is_not_read_whole(tmp_path):
     run("qem", "convert", path, out, preexec_fn=address_space_limit(3))
     sm = json.loads(run("qem", "show", "--json", out).stdout)["header"]["scientific_metadata"]
     assert [x["sampling"]["value"] for x in sm["axes"]] == pytest.approx([5.0, 2.5, 0.8, 0.8])
+
+
+def test_an_emd_array_reached_by_many_links_is_found_once(tmp_path):
+    a = np.arange(R * C * H * W, dtype=np.uint16).reshape(R, C, H, W)
+    path = tmp_path / "scan.emd"
+    with h5py.File(path, "w") as f:
+        f.attrs["version_major"] = 1
+        f.attrs["version_minor"] = 0
+        g = f.create_group("experimental/science_data")
+        g.attrs["emd_group_type"] = 1
+        g.create_dataset("data", data=a)
+        # A second name for the array's group, and 120 links from the root
+        # to itself: searched naively, exponential in the links.
+        f["alias"] = g
+        for i in range(120):
+            f[f"loop{i}"] = f["/"]
+            f[f"soft{i}"] = h5py.SoftLink("/")
+    out = tmp_path / "out.qem"
+    run("qem", "convert", path, out, timeout=30)
+    run("qem", "convert", out, tmp_path / "out.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), a)
