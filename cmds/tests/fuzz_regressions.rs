@@ -1,6 +1,7 @@
-//! Inputs found by the fuzz targets in `fuzz/`, fed to the commands that
-//! read them: a clean `error: <file>: <reason>` and exit code 2, no panic,
-//! and no file left behind.
+//! Inputs found by the fuzz targets in `fuzz/` and by hostile-input
+//! sweeps of the commands, fed to the commands that read them: a clean
+//! `error: <file>: <reason>` and exit code 2, no panic, and no file left
+//! behind.
 
 use assert_cmd::Command;
 use std::fs;
@@ -72,4 +73,42 @@ fn npy_with_a_multibyte_descr_is_refused_by_convert_and_encode() {
         .collect();
     left.sort();
     assert_eq!(left, ["bad.npy", "ids.txt"]);
+}
+
+/// Found by a hostile-input sweep: a `.qem` whose `metadata.valid_pixels`
+/// (a producer's free-form copy of the mask) was edited to disagree with
+/// its `valid` mask, the header digest recomputed. The specification makes
+/// `valid` the authority and leaves `metadata` free-form, so the file is
+/// valid and reads; writing it again as a `.qem` is refused, since the
+/// writer keeps the two in agreement, and the refusal names the input
+/// (it named the output).
+#[test]
+fn a_valid_pixels_copy_that_contradicts_the_mask_is_blamed_on_the_input() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("forged.qem");
+    fs::copy(
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../tests/regressions/qem-valid-pixels-contradict-mask.qem"
+        ),
+        &input,
+    )
+    .unwrap();
+    let qem = || Command::cargo_bin("qem").unwrap();
+    qem().arg("validate").arg(&input).assert().success();
+    qem()
+        .arg("convert")
+        .arg(&input)
+        .arg(dir.path().join("out.npy"))
+        .assert()
+        .success();
+    let out = qem()
+        .arg("convert")
+        .arg(&input)
+        .arg(dir.path().join("out.qem"))
+        .output()
+        .unwrap();
+    assert_clean_refusal(&out, &input);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("valid_pixels disagrees"));
+    assert!(!dir.path().join("out.qem").exists());
 }

@@ -63,13 +63,14 @@ impl ConvertError {
         }
     }
 
-    /// A shape the output format cannot hold is the input's fault, not
-    /// the output's: such an error names `input` instead (a store of
-    /// 2^40 frames was reported as `out.qem: invalid shape`).
-    pub fn of_input_shape(self, input: &Path) -> ConvertError {
+    /// A shape the output format cannot hold, or a mask the input's own
+    /// metadata contradicts, is the input's fault, not the output's: such
+    /// an error names `input` instead (a store of 2^40 frames was reported
+    /// as `out.qem: invalid shape`).
+    pub fn of_input(self, input: &Path) -> ConvertError {
         match self {
             ConvertError::Write {
-                source: source @ WriteError::Shape { .. },
+                source: source @ (WriteError::Shape { .. } | WriteError::ValidPixels),
                 path,
             } => ConvertError::input(
                 input,

@@ -264,7 +264,7 @@ pub fn convert(
         }
     }
     let mut sink = open_sink(output, sink_format, source.description(), options)
-        .map_err(|e| e.of_input_shape(input))?;
+        .map_err(|e| e.of_input(input))?;
     if options.masked {
         let Some(valid) = source.description().valid() else {
             return Err(ConvertError::input(
