@@ -33,7 +33,7 @@ use serde_json::{json, Map};
 use super::bitshuffle::{bitshuffle_lz4, hdf5_lz4};
 use super::describe::foreign;
 use super::element::Element;
-use super::hdf5::library_error;
+use super::hdf5::{check_external_links, library_error, linked_file};
 use super::{ConvertError, Description, Markers, Options, Source};
 use crate::npy::DType;
 use crate::qem::write::{Calibration, Content, DetectorUnit};
@@ -146,46 +146,6 @@ fn unopenable(
     ConvertError::input(path, format!("{full} cannot be opened: {reason}"))
 }
 
-/// The file an external link names, or `None` for any other link.
-fn linked_file(group: &h5::Group, name: &str) -> Option<String> {
-    use hdf5_metno_sys::{h5l, h5p::H5P_DEFAULT};
-    let cname = std::ffi::CString::new(name).ok()?;
-    // A link value is a flags byte and two C strings; 4 KiB holds any
-    // path a DECTRIS master file writes. The library copies at most 4096
-    // bytes, so the last byte stays 0 and unpacking a longer, cut value
-    // finds an end to every string (it fails instead of overrunning).
-    let mut value = vec![0u8; 4097];
-    h5::sync::sync(|| unsafe {
-        if h5l::H5Lget_val(
-            group.id(),
-            cname.as_ptr(),
-            value.as_mut_ptr().cast(),
-            value.len() - 1,
-            H5P_DEFAULT,
-        ) < 0
-        {
-            return None;
-        }
-        let (mut flags, mut file, mut object) = (0u32, std::ptr::null(), std::ptr::null());
-        if h5l::H5Lunpack_elink_val(
-            value.as_ptr().cast(),
-            value.len(),
-            &mut flags,
-            &mut file,
-            &mut object,
-        ) < 0
-            || file.is_null()
-        {
-            return None;
-        }
-        Some(
-            std::ffi::CStr::from_ptr(file)
-                .to_string_lossy()
-                .into_owned(),
-        )
-    })
-}
-
 const BIT_DEPTH_PATH: &str = "/entry/instrument/detector/bit_depth_image";
 
 /// DECTRIS writes `2^bit_depth_image - 1` where a pixel overflowed or is
@@ -232,6 +192,7 @@ impl DectrisSource {
         let mut dims: Option<(DType, [u64; 2])> = None;
         for name in names {
             let full = format!("/entry/data/{name}");
+            check_external_links(path, &file, &full)?;
             let dataset = group
                 .dataset(&name)
                 .map_err(|e| unopenable(path, &group, &name, &full, e))?;

@@ -148,8 +148,15 @@ pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
             }
         }
         if depth < EMD_DEPTH {
-            for g in group.groups().unwrap_or_default() {
-                todo.push((g, depth + 1));
+            for name in group.member_names().unwrap_or_default() {
+                // A link to a FIFO would block the search (see
+                // `check_external_links`); it holds no EMD array.
+                if unreadable_link(path, &group, &name).is_some() {
+                    continue;
+                }
+                if let Ok(g) = group.group(&name) {
+                    todo.push((g, depth + 1));
+                }
             }
         }
     }
@@ -258,6 +265,209 @@ pub struct Hdf5Source {
     bytes: Vec<u8>,
 }
 
+/// The file an external link names, or `None` for any other link.
+pub(super) fn linked_file(group: &h5::Group, name: &str) -> Option<String> {
+    use hdf5_metno_sys::{h5l, h5p::H5P_DEFAULT};
+    let cname = std::ffi::CString::new(name).ok()?;
+    // A link value is a flags byte and two C strings; 4 KiB holds any
+    // path a DECTRIS master file writes. The library copies at most 4096
+    // bytes, so the last byte stays 0 and unpacking a longer, cut value
+    // finds an end to every string (it fails instead of overrunning).
+    let mut value = vec![0u8; 4097];
+    h5::sync::sync(|| unsafe {
+        if h5l::H5Lget_val(
+            group.id(),
+            cname.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len() - 1,
+            H5P_DEFAULT,
+        ) < 0
+        {
+            return None;
+        }
+        let (mut flags, mut file, mut object) = (0u32, std::ptr::null(), std::ptr::null());
+        if h5l::H5Lunpack_elink_val(
+            value.as_ptr().cast(),
+            value.len(),
+            &mut flags,
+            &mut file,
+            &mut object,
+        ) < 0
+            || file.is_null()
+        {
+            return None;
+        }
+        Some(
+            std::ffi::CStr::from_ptr(file)
+                .to_string_lossy()
+                .into_owned(),
+        )
+    })
+}
+
+/// Refuses a path to an HDF5 object through an external link to anything
+/// but a regular file: the library opens a linked file by its name, and
+/// would wait forever on a FIFO. Each link on `object` (`/a/b/data`) is
+/// looked at before the library follows it. A linked file that is missing
+/// is left to the library's own error.
+pub(super) fn check_external_links(
+    path: &Path,
+    file: &h5::File,
+    object: &str,
+) -> Result<(), ConvertError> {
+    let parts: Vec<&str> = object.split('/').filter(|p| !p.is_empty()).collect();
+    for i in 0..parts.len() {
+        let Ok(group) = file.group(&format!("/{}", parts[..i].join("/"))) else {
+            return Ok(());
+        };
+        if let Some(reason) = unreadable_link(path, &group, parts[i]) {
+            return Err(ConvertError::input(
+                path,
+                format!("/{} {reason}", parts[..=i].join("/")),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Why the external link `name` of `group` must not be followed: its file
+/// (found beside `path`, as the library finds it) is not a regular file.
+fn unreadable_link(path: &Path, group: &h5::Group, name: &str) -> Option<String> {
+    let linked = path
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(linked_file(group, name)?);
+    match crate::regular_file::open(&linked) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(format!(
+            "links to {}, which cannot be read: {e}",
+            linked.display()
+        )),
+        _ => None,
+    }
+}
+
+/// Virtual datasets are followed to their sources before the library
+/// reads them: a virtual dataset whose sources lead back to itself made
+/// the library recurse until the stack overflowed, and a source file that
+/// is a FIFO would block it. Refuses a cycle, a chain deeper than
+/// [`VIRTUAL_DEPTH`], and a source file that is not a regular file.
+pub(super) fn check_virtual(path: &Path, object: &str) -> Result<(), ConvertError> {
+    let mut chain = Vec::new();
+    follow_virtual(path, object, &mut chain)
+        .map_err(|reason| ConvertError::input(path, format!("{object} {reason}")))
+}
+
+/// Virtual datasets nested deeper than this are refused.
+const VIRTUAL_DEPTH: usize = 8;
+
+/// `chain`: the (file, dataset) pairs from the dataset asked for down to
+/// `file`'s `object`.
+fn follow_virtual(
+    file: &Path,
+    object: &str,
+    chain: &mut Vec<(PathBuf, String)>,
+) -> Result<(), String> {
+    let here = (
+        file.canonicalize().unwrap_or_else(|_| file.to_path_buf()),
+        format!("/{}", object.trim_start_matches('/')),
+    );
+    if chain.contains(&here) {
+        return Err(format!(
+            "is a virtual dataset whose sources lead back to {}:{}",
+            here.0.display(),
+            here.1
+        ));
+    }
+    if chain.len() >= VIRTUAL_DEPTH {
+        return Err(format!(
+            "is a virtual dataset whose sources nest more than {VIRTUAL_DEPTH} deep"
+        ));
+    }
+    let Ok(opened) = h5::File::open(file) else {
+        // The library's own error comes when the data is read.
+        return Ok(());
+    };
+    let Ok(dataset) = opened.dataset(object) else {
+        return Ok(());
+    };
+    if dataset.layout() != h5::plist::dataset_create::Layout::Virtual {
+        return Ok(());
+    }
+    let sources_named = |e: String| format!("is a virtual dataset {e}");
+    let mut sources: Vec<(PathBuf, String)> = Vec::new();
+    for (file_name, dataset_name) in virtual_sources(&dataset).map_err(sources_named)? {
+        // "." is the virtual dataset's own file; other names are found
+        // beside it, as the library finds them.
+        let source = if file_name == "." {
+            file.to_path_buf()
+        } else {
+            file.parent().unwrap_or(Path::new(".")).join(&file_name)
+        };
+        if !sources.contains(&(source.clone(), dataset_name.clone())) {
+            sources.push((source, dataset_name));
+        }
+    }
+    chain.push(here);
+    for (source, name) in sources {
+        if source != file {
+            if let Err(e) = crate::regular_file::open(&source) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    return Err(format!(
+                        "is a virtual dataset with a source in {}, which cannot be read: {e}",
+                        source.display()
+                    ));
+                }
+                continue;
+            }
+        }
+        follow_virtual(&source, &name, chain)?;
+    }
+    chain.pop();
+    Ok(())
+}
+
+/// The (file, dataset) names of a virtual dataset's mappings. Read from
+/// the library directly: `hdf5_metno`'s own list gives up on the whole
+/// list (returning none) when it cannot express one mapping's selection.
+fn virtual_sources(dataset: &h5::Dataset) -> Result<Vec<(String, String)>, String> {
+    use hdf5_metno_sys::h5p::{
+        H5Pget_virtual_count, H5Pget_virtual_dsetname, H5Pget_virtual_filename,
+    };
+    let dcpl = dataset.dcpl().map_err(|e| e.to_string())?;
+    let id = dcpl.id();
+    // A name of the length the library reports, up to a bound: names come
+    // from the file.
+    let name = |get: &dyn Fn(*mut std::ffi::c_char, usize) -> isize| -> Option<String> {
+        let len = usize::try_from(get(std::ptr::null_mut(), 0)).ok()?;
+        if len > 4096 {
+            return None;
+        }
+        let mut buffer = vec![0u8; len + 1];
+        (get(buffer.as_mut_ptr().cast(), buffer.len()) >= 0).then(|| {
+            buffer.truncate(len);
+            String::from_utf8_lossy(&buffer).into_owned()
+        })
+    };
+    h5::sync::sync(|| {
+        let mut count = 0;
+        // SAFETY: `id` is a live dataset creation list; `count` is written.
+        if unsafe { H5Pget_virtual_count(id, &mut count) } < 0 {
+            return Err("whose mappings cannot be read".to_string());
+        }
+        (0..count)
+            .map(|i| {
+                // SAFETY: as above; `name` passes a null pointer with size 0
+                // (the call then only reports the length) or a buffer of
+                // the size it passes.
+                let file = name(&|s, n| unsafe { H5Pget_virtual_filename(id, i, s, n) });
+                let data = name(&|s, n| unsafe { H5Pget_virtual_dsetname(id, i, s, n) });
+                file.zip(data)
+                    .ok_or_else(|| format!("whose mapping {i} cannot be read"))
+            })
+            .collect()
+    })
+}
+
 /// The library's whole error stack, outermost first. Its one-line `Display`
 /// keeps only the outermost and innermost frames, which drops the reason in
 /// between (an external link's file is "truncated", say).
@@ -287,6 +497,8 @@ impl Hdf5Source {
         // HDF5 opens the file itself; check first that it is one.
         crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
         let file = h5::File::open(path).map_err(|e| err("not a readable HDF5 file", e))?;
+        check_external_links(path, &file, name)?;
+        check_virtual(path, name)?;
         let dataset = file.dataset(name).map_err(|e| err(name, e))?;
         let dims: Vec<u64> = dataset.shape().iter().map(|&d| d as u64).collect();
         let shape = shape4(path, &dims, options.scan)?;

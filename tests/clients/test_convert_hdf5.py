@@ -102,3 +102,32 @@ def test_an_emd_array_reached_by_many_links_is_found_once(tmp_path):
     run("qem", "convert", path, out, timeout=30)
     run("qem", "convert", out, tmp_path / "out.npy")
     np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), a)
+
+
+def test_virtual_datasets_are_read_and_one_that_leads_back_to_itself_is_refused(tmp_path):
+    a = np.arange(4 * C * H * W, dtype=np.uint16).reshape(4, C, H, W)
+    with h5py.File(tmp_path / "part.h5", "w") as f:
+        f["data"] = a
+    # Two slabs of one source file (the same source twice is no cycle).
+    joined = tmp_path / "joined.h5"
+    with h5py.File(joined, "w") as f:
+        layout = h5py.VirtualLayout(shape=a.shape, dtype=a.dtype)
+        source = h5py.VirtualSource("part.h5", "/data", shape=a.shape)
+        layout[:2] = source[:2]
+        layout[2:] = source[2:]
+        f.create_virtual_dataset("data", layout, fillvalue=0)
+    ours, _ = convert(tmp_path, f"{joined}:/data")
+    np.testing.assert_array_equal(ours, a)
+
+    # Its source is itself: the library recursed until the stack overflowed.
+    loop = tmp_path / "loop.h5"
+    with h5py.File(loop, "w") as f:
+        layout = h5py.VirtualLayout(shape=(2, 2, 3, 4), dtype="u2")
+        layout[:] = h5py.VirtualSource("loop.h5", "/data", shape=(2, 2, 3, 4))
+        f.create_virtual_dataset("data", layout, fillvalue=0)
+    out = run("qem", "convert", f"{loop}:/data", tmp_path / "loop.qem", check=False, timeout=30)
+    err = out.stderr.decode()
+    assert out.returncode == 2 and err.startswith(f"error: {loop}: "), err
+    assert "virtual dataset whose sources lead back to" in err, err
+    assert not (tmp_path / "loop.qem").exists()
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import h5py
 import numpy as np
 import pytest
 
@@ -77,6 +78,38 @@ def test_convert_refuses_a_fifo_as_the_raw_file_of_an_empad_description(tmp_path
     err = refused("qem", "convert", xml, tmp_path / "out.qem")
     assert str(raw) in err and "FIFO" in err, err
     assert not (tmp_path / "out.qem").exists()
+
+
+def test_an_hdf5_external_link_to_a_fifo_is_refused_at_once(tmp_path):
+    # The HDF5 library opens a linked file by name and would wait on a FIFO
+    # for ever: the link's file is checked as any input is.
+    os.mkfifo(tmp_path / "pipe.h5")
+    master = tmp_path / "scan_master.h5"
+    with h5py.File(master, "w") as m:
+        m["entry/data/data_000001"] = h5py.ExternalLink("pipe.h5", "/entry/data/data")
+    err = refused("qem", "convert", master, tmp_path / "a.qem", "--scan", "1,1")
+    assert str(master) in err and "/entry/data/data_000001 links to" in err and "FIFO" in err, err
+
+    plain = tmp_path / "plain.h5"
+    with h5py.File(plain, "w") as f:
+        f["group/data"] = h5py.ExternalLink("pipe.h5", "/data")
+    err = refused("qem", "convert", f"{plain}:/group/data", tmp_path / "b.qem")
+    assert str(plain) in err and "/group/data links to" in err and "FIFO" in err, err
+
+    # An EMD file's search for its array passes such a link by.
+    emd = tmp_path / "scan.emd"
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.uint16).reshape(2, 3, 4, 5)
+    with h5py.File(emd, "w") as f:
+        f.attrs["version_major"] = 1
+        g = f.create_group("experimental/science_data")
+        g.attrs["emd_group_type"] = 1
+        g["data"] = a
+        f["elsewhere"] = h5py.ExternalLink("pipe.h5", "/")
+    run("qem", "convert", emd, tmp_path / "c.qem", timeout=TIMEOUT)
+    run("qem", "convert", tmp_path / "c.qem", tmp_path / "c.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "c.npy", "c.qem", "pipe.h5", "plain.h5", "scan.emd", "scan_master.h5"]
 
 
 def test_semq_show_dev_zero_exits_without_reading():
