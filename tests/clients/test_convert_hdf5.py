@@ -1,6 +1,7 @@
 """Any HDF5 dataset by path (`FILE.h5:/path`), and EMD 1.0 with its
 calibration, written by h5py and compared with h5py's reading."""
 
+import contextlib
 import json
 
 import h5py
@@ -20,15 +21,23 @@ def convert(tmp_path, src, *flags):
     return np.load(tmp_path / "out.npy"), json.loads(run("qem", "show", "--json", out).stdout)["header"]
 
 
-def test_an_emd_dataset_converts_with_its_calibration(tmp_path):
-    a = np.random.default_rng(1).integers(0, 5000, size=(R, C, H, W)).astype(np.int32)
-    path = tmp_path / "scan.emd"
+@contextlib.contextmanager
+def emd(path, array, **kwargs):
+    """An EMD 1.0 file with `array` as its data, open for more members:
+    yields the file and the data's group."""
     with h5py.File(path, "w") as f:
         f.attrs["version_major"] = 1
         f.attrs["version_minor"] = 0
         g = f.create_group("experimental/science_data")
         g.attrs["emd_group_type"] = 1
-        g.create_dataset("data", data=a, chunks=(1, 2, H, W), compression="gzip")
+        g.create_dataset("data", data=array, **kwargs)
+        yield f, g
+
+
+def test_an_emd_dataset_converts_with_its_calibration(tmp_path):
+    a = np.random.default_rng(1).integers(0, 5000, size=(R, C, H, W)).astype(np.int32)
+    path = tmp_path / "scan.emd"
+    with emd(path, a, chunks=(1, 2, H, W), compression="gzip") as (_, g):
         for i, (n, step, units) in enumerate(
             [(R, 0.5, "nm"), (C, 0.25, "nm"), (H, 0.8, "mrad"), (W, 0.8, "mrad")], start=1
         ):
@@ -66,12 +75,7 @@ def test_an_emd_dim_vector_declared_huge_is_not_read_whole(tmp_path):
     # length (here 4 GiB of float64, two entries stored).
     a = np.arange(R * C * H * W, dtype=np.uint16).reshape(R, C, H, W)
     path = tmp_path / "scan.emd"
-    with h5py.File(path, "w") as f:
-        f.attrs["version_major"] = 1
-        f.attrs["version_minor"] = 0
-        g = f.create_group("experimental/science_data")
-        g.attrs["emd_group_type"] = 1
-        g.create_dataset("data", data=a)
+    with emd(path, a) as (_, g):
         for i, (n, step, units) in enumerate([(R, 0.5, "nm"), (C, 0.25, "nm"), (H, 0.8, "mrad")], start=1):
             g.create_dataset(f"dim{i}", data=np.arange(n) * step).attrs["units"] = units
         d = g.create_dataset("dim4", shape=(1 << 29,), dtype=np.float64, chunks=(1024,))
@@ -86,12 +90,7 @@ def test_an_emd_dim_vector_declared_huge_is_not_read_whole(tmp_path):
 def test_an_emd_array_reached_by_many_links_is_found_once(tmp_path):
     a = np.arange(R * C * H * W, dtype=np.uint16).reshape(R, C, H, W)
     path = tmp_path / "scan.emd"
-    with h5py.File(path, "w") as f:
-        f.attrs["version_major"] = 1
-        f.attrs["version_minor"] = 0
-        g = f.create_group("experimental/science_data")
-        g.attrs["emd_group_type"] = 1
-        g.create_dataset("data", data=a)
+    with emd(path, a) as (f, g):
         # A second name for the array's group, and 120 links from the root
         # to itself: searched naively, exponential in the links.
         f["alias"] = g
