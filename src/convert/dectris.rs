@@ -33,7 +33,7 @@ use serde_json::{json, Map};
 use super::bitshuffle::{bitshuffle_lz4, hdf5_lz4};
 use super::describe::foreign;
 use super::element::Element;
-use super::hdf5::{check_external_links, library_error, linked_file};
+use super::hdf5::{beside, check_external_links, library_error, linked_file};
 use super::{ConvertError, Description, Markers, Options, Source};
 use crate::npy::DType;
 use crate::qem::write::{Calibration, Content, DetectorUnit};
@@ -130,14 +130,14 @@ fn unopenable(
         return h5err(path, &format!("{full} cannot be opened"), e);
     };
     // The library looks for a relative name beside the master file.
-    let beside = path.parent().unwrap_or(Path::new(".")).join(&file);
-    let reason = if !beside.exists() {
-        format!("its linked data file {} is missing", beside.display())
+    let linked = beside(path, &file);
+    let reason = if !linked.exists() {
+        format!("its linked data file {} is missing", linked.display())
     } else {
-        match h5::File::open(&beside) {
+        match h5::File::open(&linked) {
             Err(inner) => format!(
                 "its linked data file {} cannot be read: {}",
-                beside.display(),
+                linked.display(),
                 library_error(&inner)
             ),
             Ok(_) => library_error(&e),

@@ -330,13 +330,16 @@ pub(super) fn check_external_links(
     Ok(())
 }
 
+/// Where the library finds a file that `path` names in a link or a
+/// virtual mapping (`name`, relative or absolute): beside `path`.
+pub(super) fn beside(path: &Path, name: &str) -> PathBuf {
+    path.parent().unwrap_or(Path::new(".")).join(name)
+}
+
 /// Why the external link `name` of `group` must not be followed: its file
 /// (found beside `path`, as the library finds it) is not a regular file.
 fn unreadable_link(path: &Path, group: &h5::Group, name: &str) -> Option<String> {
-    let linked = path
-        .parent()
-        .unwrap_or(Path::new("."))
-        .join(linked_file(group, name)?);
+    let linked = beside(path, &linked_file(group, name)?);
     match crate::regular_file::open(&linked) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(format!(
             "links to {}, which cannot be read: {e}",
@@ -401,7 +404,7 @@ fn follow_virtual(
         let source = if file_name == "." {
             file.to_path_buf()
         } else {
-            file.parent().unwrap_or(Path::new(".")).join(&file_name)
+            beside(file, &file_name)
         };
         if !sources.contains(&(source.clone(), dataset_name.clone())) {
             sources.push((source, dataset_name));

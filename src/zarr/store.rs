@@ -815,14 +815,8 @@ impl ZarrSource {
         let Some(shards) = &self.shards else {
             return Ok(());
         };
-        let done = |s: &[u64]| {
-            shards
-                .checked
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(s)
-        };
-        if done(shard) {
+        let checked = || shards.checked.lock().unwrap_or_else(|e| e.into_inner());
+        if checked().contains(shard) {
             return Ok(());
         }
         let err = |e: &dyn std::fmt::Display| fail(&self.path, format!("{key}: {e}"));
@@ -870,11 +864,7 @@ impl ZarrSource {
         // The decoded index is needed no more: memory stays bounded
         // whatever the number of shards.
         shards.cache.clear();
-        shards
-            .checked
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(shard.to_vec());
+        checked().insert(shard.to_vec());
         Ok(())
     }
 }
