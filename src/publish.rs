@@ -16,7 +16,8 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, RwLock, RwLockWriteGuard, TryLockError};
+use std::time::{Duration, Instant};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -84,13 +85,50 @@ pub fn remove_unpublished() -> Unpublished {
     // Always in this order: `by_path` writes never take the list's lock,
     // and no holder of the list's lock waits for a `by_path` write.
     let paths = BY_PATH.write().unwrap_or_else(|e| e.into_inner());
-    let mut live = unpublished();
+    removing(paths, unpublished())
+}
+
+/// Removes every temporary in the list `live`, with writes by path held
+/// off by `paths`, and keeps both locks.
+fn removing(
+    paths: RwLockWriteGuard<'static, ()>,
+    mut live: MutexGuard<'static, Vec<PathBuf>>,
+) -> Unpublished {
     for path in live.drain(..) {
         let _ = remove_entry(&path);
     }
     Unpublished {
         _held: live,
         _paths: paths,
+    }
+}
+
+/// As [`remove_unpublished`], for a thread that may itself be inside a
+/// write by path or a change to the list (one that ran out of memory
+/// there): it waits for the locks at most `patience`, rather than for
+/// ever on itself, and gives `None` when it could not take them.
+pub fn try_remove_unpublished(patience: Duration) -> Option<Unpublished> {
+    let deadline = Instant::now() + patience;
+    loop {
+        if let Some(paths) = taken(BY_PATH.try_write()) {
+            if let Some(live) = taken(UNPUBLISHED.try_lock()) {
+                return Some(removing(paths, live));
+            }
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The guard of a lock taken without waiting; a poisoned lock is taken
+/// too (the list stays valid whatever panicked).
+fn taken<G>(attempt: Result<G, TryLockError<G>>) -> Option<G> {
+    match attempt {
+        Ok(guard) => Some(guard),
+        Err(TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }
 
@@ -665,6 +703,16 @@ mod tests {
         // The writer waits for the guard for good: end here, as the
         // commands do after the removal.
         std::process::exit(0);
+    }
+
+    #[test]
+    fn a_removal_that_cannot_wait_gives_up_on_its_own_write_by_path() {
+        // A thread out of memory inside a write by path: waiting for the
+        // lock it holds itself would hang the process for good.
+        let started = std::time::Instant::now();
+        let gave_up = by_path(|| try_remove_unpublished(Duration::from_millis(50)).is_none());
+        assert!(gave_up);
+        assert!(started.elapsed() >= Duration::from_millis(50));
     }
 
     #[test]

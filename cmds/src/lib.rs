@@ -8,6 +8,7 @@ pub mod argparse;
 pub mod exit;
 pub mod interrupt;
 pub mod out;
+pub mod out_of_memory;
 pub mod progress;
 pub mod qem_args;
 pub mod qem_cmd;

@@ -27,7 +27,9 @@ Examples:
 Memory: whatever size a file declares, validate, hash, cat and convert hold
 at most about 256 MiB of decoded frames per file, plus 20 bytes per detector
 pixel: a block that decodes to more than 64 MiB is decoded in windows.
-Files given together are worked on in parallel, one per core.
+Files given together are worked on in parallel, one per core. A run that
+cannot get the memory it needs (ulimit -v, a container's or a scheduler's
+limit) names the file, removes its unfinished outputs and exits 2.
 
 Outputs appear whole or not at all. A run stopped by Ctrl-C, kill or a
 closed terminal removes its unfinished outputs, then ends with that

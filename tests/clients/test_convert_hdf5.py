@@ -130,3 +130,20 @@ def test_virtual_datasets_are_read_and_one_that_leads_back_to_itself_is_refused(
     assert "virtual dataset whose sources lead back to" in err, err
     assert not (tmp_path / "loop.qem").exists()
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_detector_too_large_for_the_memory_allowed_is_refused_by_name(tmp_path):
+    # One frame of 16384 × 16384 pixels, none of it stored (h5py's fill
+    # value): a 3 KB file whose conversion needs about 5.4 GB. Under a
+    # 3 GiB limit the process used to abort ("memory allocation of N bytes
+    # failed", status 134) and leave its temporary behind.
+    path = tmp_path / "huge.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("data", shape=(1, 1, 16384, 16384), dtype="u2", chunks=(1, 1, 1024, 1024))
+    out = run("qem", "convert", f"{path}:/data", tmp_path / "huge.qem", check=False,
+              preexec_fn=address_space_limit(3), timeout=120)
+    err = out.stderr.decode()
+    assert out.returncode == 2, (out.returncode, err)
+    assert err.startswith(f"error: {path}:/data: out of memory: "), err
+    assert "20 bytes per detector pixel" in err and "unfinished outputs were removed" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["huge.h5"]

@@ -1,7 +1,14 @@
 //! `qem`: inspect, check, compare and convert `.qem` 4D-STEM acquisitions.
 
 use clap::Parser;
+use qemfs_cmds::out_of_memory::Refusing;
 use std::process::ExitCode;
+
+#[global_allocator]
+static ALLOCATOR: Refusing = Refusing {
+    hint: " (work on a file holds about 256 MiB plus 20 bytes per detector pixel; \
+           see Memory in `qem --help`)",
+};
 
 fn main() -> ExitCode {
     // First, before any thread starts.

@@ -1,7 +1,11 @@
 //! `semq`: inspect, compare, gate and encode `.semq` embedding states.
 
+use qemfs_cmds::out_of_memory::Refusing;
 use std::io::Write;
 use std::process::ExitCode;
+
+#[global_allocator]
+static ALLOCATOR: Refusing = Refusing { hint: "" };
 
 fn main() -> ExitCode {
     // First, before any thread starts.

@@ -11,6 +11,7 @@ use qemfs::qem::{QemFile, ValidationLevel};
 
 use crate::exit::{Failure, ERROR, OK};
 use crate::out::Stdout;
+use crate::out_of_memory::working_on;
 use crate::qem_args::{HashArgs, ShowArgs, ValidateArgs};
 
 pub fn open(path: &Path) -> Result<QemFile, Failure> {
@@ -138,6 +139,7 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
         .files
         .par_iter()
         .map(|path| {
+            let _working = working_on(path);
             let result = qemfs::qem::validate_path(path, level)
                 .map(|_| ())
                 .map_err(|e| format!("FAILED: {e}"));
@@ -163,6 +165,7 @@ pub fn hash(args: &HashArgs) -> Result<u8, Failure> {
         .files
         .par_iter()
         .map(|path| {
+            let _working = working_on(path);
             if args.file {
                 checksum::sha256_file_hex(path).map_err(|e| e.to_string())
             } else {

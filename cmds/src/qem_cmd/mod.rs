@@ -6,6 +6,7 @@ pub mod inspect;
 pub mod tree;
 
 use crate::exit::Failure;
+use crate::out_of_memory::working_on;
 use crate::qem_args::{Cli, Command};
 
 /// Runs a parsed command line; the exit status on success.
@@ -13,6 +14,19 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
     // A mapped input truncated by another process reads as zeros instead
     // of killing us; `exit::finish` and every published output then fail.
     qemfs::mapguard::install_strict();
+    // Named if the run runs out of memory; validate and hash name each
+    // file while they work on it.
+    let _working: Vec<_> = match &cli.command {
+        Command::Show(a) => vec![&a.file],
+        Command::Diff(a) => vec![&a.a, &a.b],
+        Command::Convert(a) => vec![&a.input],
+        Command::Ls(a) => vec![&a.file],
+        Command::Cat(a) => vec![&a.file],
+        Command::Validate(_) | Command::Hash(_) | Command::Completions(_) => vec![],
+    }
+    .into_iter()
+    .map(|path| working_on(path))
+    .collect();
     match cli.command {
         Command::Show(a) => inspect::show(&a),
         Command::Validate(a) => inspect::validate(&a),

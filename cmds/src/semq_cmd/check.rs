@@ -10,6 +10,7 @@ use qemfs::semq::{to_hex, Encoding};
 
 use crate::exit::{Failure, DIFFERENT, ERROR, OK};
 use crate::out::Stdout;
+use crate::out_of_memory::working_on;
 use crate::semq_args::{HashArgs, ValidateArgs};
 use crate::semq_cmd::report::semq_message;
 
@@ -18,6 +19,7 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
         .files
         .par_iter()
         .map(|path| {
+            let _working = working_on(path);
             Encoding::open(path).map(|_| ()).map_err(|e| {
                 let mut where_ = String::new();
                 if let Some(s) = e.section() {
@@ -35,6 +37,7 @@ pub fn validate(args: &ValidateArgs) -> Result<u8, Failure> {
 }
 
 fn digest_of(path: &Path, content: bool) -> Result<String, String> {
+    let _working = working_on(path);
     let e = Encoding::open(path).map_err(|e| semq_message(&e, path))?;
     Ok(to_hex(if content {
         e.content_digest()

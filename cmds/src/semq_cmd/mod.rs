@@ -5,6 +5,7 @@ pub mod encode;
 pub mod report;
 
 use crate::exit::Failure;
+use crate::out_of_memory::working_on;
 use crate::semq_args::{Cli, Command};
 
 /// Runs a parsed command line; the exit status on success.
@@ -12,6 +13,22 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
     // A mapped input truncated by another process reads as zeros instead
     // of killing us; `exit::finish` and every published output then fail.
     qemfs::mapguard::install_strict();
+    // Named if the run runs out of memory; validate and hash name each
+    // file while they work on it.
+    let _working: Vec<_> = match &cli.command {
+        Command::Show(a) => vec![&a.file],
+        Command::Diff(a) => vec![&a.reference, &a.candidate],
+        Command::Floor(a) => std::iter::once(&a.reference).chain(&a.nulls).collect(),
+        Command::Encode(a) => vec![&a.vectors, &a.ids],
+        Command::Convert(a) => vec![&a.input],
+        Command::Concat(a) => a.inputs.iter().collect(),
+        Command::Version(_) | Command::Validate(_) | Command::Hash(_) | Command::Completions(_) => {
+            vec![]
+        }
+    }
+    .into_iter()
+    .map(|path| working_on(path))
+    .collect();
     match cli.command {
         Command::Show(a) => report::show(&a),
         Command::Diff(a) => report::diff(&a),
