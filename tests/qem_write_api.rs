@@ -221,6 +221,19 @@ fn caller_input_errors() {
         err(fs.with_chunk_scans(9)),
         WriteError::ChunkScans { .. }
     ));
+    // A detector whose validity mask alone outgrows the header: refused
+    // before anything the size of the detector is made (its mask as JSON
+    // booleans took 8.6 GB, the whole conversion 19 GB and 37 s).
+    let big = [1, 1, 16384, 16384];
+    let spec = WriteSpec::counts(
+        big,
+        CountDtype::U16,
+        scientific_metadata(big, &Calibration::default()).unwrap(),
+    );
+    match err(spec) {
+        WriteError::Shape { reason, .. } => assert!(reason.contains("validity mask"), "{reason}"),
+        other => panic!("{other}"),
+    }
     // Writer-owned members cannot be supplied.
     let mut s = counts_spec(shape);
     s.extra.insert("bytes".into(), json!(1));

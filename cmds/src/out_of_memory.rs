@@ -5,7 +5,7 @@
 //! Rust's default on a failed allocation is to print "memory allocation of
 //! N bytes failed" and abort (SIGABRT, status 134), leaving temporaries
 //! behind. Files may declare shapes whose work does not fit (a detector of
-//! 16384 × 16384 pixels needs about 5.4 GB, see `qem --help`), and a
+//! 8000 × 8000 pixels needs about 1.3 GB, see `qem --help`), and a
 //! process limited by `ulimit -v`, a container or a batch scheduler is
 //! refused long before the machine is full. The binaries therefore
 //! allocate through [`Refusing`], which takes a failed allocation itself

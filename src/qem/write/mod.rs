@@ -410,6 +410,20 @@ impl Writer {
                 valid,
                 mut metadata,
             } => {
+                // The mask is one header member, a hex digit per 4 pixels:
+                // a larger detector cannot be written, and is refused before
+                // anything the size of the detector is made.
+                let mask_digits = 2 * pixels.div_ceil(8);
+                if mask_digits > MAX_HEADER_BYTES {
+                    return Err(WriteError::Shape {
+                        shape,
+                        reason: format!(
+                            "a detector of {pixels} pixels needs a validity mask of \
+                             {mask_digits} hex digits in the header, more than the 16 MiB \
+                             the format allows"
+                        ),
+                    });
+                }
                 let valid = valid.unwrap_or_else(|| vec![true; pixels]);
                 if valid.len() != pixels {
                     return Err(WriteError::ValidMask {
@@ -871,27 +885,42 @@ fn valid_hex(valid: &[bool]) -> String {
 }
 
 /// The reference writer duplicates a non-trivial mask as nested booleans.
+/// Compared, and made, only where needed: as JSON values the mask takes
+/// 32 bytes a pixel (8.6 GB for 16384 × 16384).
 fn add_valid_pixels(
     metadata: &mut Map<String, Value>,
     valid: &[bool],
     cols: usize,
 ) -> Result<(), WriteError> {
-    let nested = Value::Array(
-        valid
-            .chunks(cols)
-            .map(|row| Value::Array(row.iter().map(|&b| Value::Bool(b)).collect()))
-            .collect(),
-    );
+    let cols = cols.max(1);
     match metadata.get("valid_pixels") {
-        Some(existing) if *existing != nested => Err(WriteError::ValidPixels),
+        Some(existing) if !same_mask(existing, valid, cols) => Err(WriteError::ValidPixels),
         Some(_) => Ok(()),
         None => {
             if valid.iter().any(|&v| !v) {
-                metadata.insert("valid_pixels".into(), nested);
+                let nested = valid
+                    .chunks(cols)
+                    .map(|row| Value::Array(row.iter().map(|&b| Value::Bool(b)).collect()))
+                    .collect();
+                metadata.insert("valid_pixels".into(), Value::Array(nested));
             }
             Ok(())
         }
     }
+}
+
+/// Whether `nested` is `valid` as rows of `cols` booleans.
+fn same_mask(nested: &Value, valid: &[bool], cols: usize) -> bool {
+    let Some(rows) = nested.as_array() else {
+        return false;
+    };
+    rows.len() == valid.len().div_ceil(cols)
+        && rows.iter().zip(valid.chunks(cols)).all(|(row, want)| {
+            row.as_array().is_some_and(|row| {
+                row.len() == want.len()
+                    && row.iter().zip(want).all(|(v, &w)| v.as_bool() == Some(w))
+            })
+        })
 }
 
 fn check_regions(regions: &[ScaledRegion], frames: u64) -> Result<Vec<u64>, WriteError> {
@@ -1033,4 +1062,39 @@ fn spatial_index(src: Frames<'_>, scans: usize, tiles: &Tiles, valid: &[u16]) ->
         }
     }
     index
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mask_is_compared_with_its_nested_form_entry_by_entry() {
+        let valid = [true, false, true, true, true, false];
+        let mut metadata = Map::new();
+        add_valid_pixels(&mut metadata, &valid, 3).unwrap();
+        let nested = metadata["valid_pixels"].clone();
+        assert_eq!(nested, json!([[true, false, true], [true, true, false]]));
+        assert!(same_mask(&nested, &valid, 3));
+        add_valid_pixels(&mut metadata, &valid, 3).unwrap();
+        for other in [
+            json!([[true, false, true], [true, true, true]]),
+            json!([[true, false, true], [true, true]]),
+            json!([[true, false, true], [true, true, false], []]),
+            json!([[true, false, true]]),
+            json!([[true, 0, true], [true, true, false]]),
+            json!({"rows": 2}),
+        ] {
+            assert!(!same_mask(&other, &valid, 3), "{other}");
+            metadata.insert("valid_pixels".into(), other);
+            assert!(matches!(
+                add_valid_pixels(&mut metadata, &valid, 3),
+                Err(WriteError::ValidPixels)
+            ));
+        }
+        // All valid: nothing added.
+        let mut metadata = Map::new();
+        add_valid_pixels(&mut metadata, &[true; 6], 3).unwrap();
+        assert!(metadata.is_empty());
+    }
 }
