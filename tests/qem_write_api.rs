@@ -234,6 +234,17 @@ fn caller_input_errors() {
         WriteError::Shape { reason, .. } => assert!(reason.contains("validity mask"), "{reason}"),
         other => panic!("{other}"),
     }
+    // So is a scan whose chunk list alone outgrows it, before any frame.
+    let many = [1 << 16, 1 << 16, 1, 1];
+    let spec = WriteSpec::counts(
+        many,
+        CountDtype::U16,
+        scientific_metadata(many, &Calibration::default()).unwrap(),
+    );
+    match err(spec) {
+        WriteError::Shape { reason, .. } => assert!(reason.contains("8388608 chunks"), "{reason}"),
+        other => panic!("{other}"),
+    }
     // Writer-owned members cannot be supplied.
     let mut s = counts_spec(shape);
     s.extra.insert("bytes".into(), json!(1));

@@ -503,6 +503,20 @@ impl Writer {
         if base.len() > MAX_HEADER_BYTES {
             return Err(WriteError::HeaderTooLarge(base.len()));
         }
+        // So is one whose chunk list alone cannot fit (a 3 KB HDF5 file may
+        // declare 2^32 scan positions, to be converted for hours first).
+        let chunks = frames.div_ceil(chunk_scans);
+        let least = room::least_header(base.len() as u64, chunks);
+        if least > MAX_HEADER_BYTES as u64 {
+            return Err(WriteError::Shape {
+                shape,
+                reason: format!(
+                    "{frames} scan positions in chunks of {chunk_scans} scans make {chunks} \
+                     chunks, whose list needs a header of at least {least} bytes, more than \
+                     the 16 MiB the format allows"
+                ),
+            });
+        }
         let region_splits = match &kind {
             Kind::Scaled { stops } => stops.len() as u64,
             _ => 0,
@@ -512,7 +526,7 @@ impl Writer {
             &room::Shape {
                 known_bytes: base.len() as u64,
                 dense_bytes: frames * pixels64 * elem_bytes as u64,
-                chunks: frames.div_ceil(chunk_scans) + region_splits,
+                chunks: chunks + region_splits,
             },
         );
         if let (Some(room), Sink::Spool(spool, _)) = (room, &mut sink) {

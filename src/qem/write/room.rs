@@ -28,6 +28,18 @@ pub(super) const ROOM_MIN_DENSE: u64 = 64 << 20;
 /// Longest chunk entry of any codec with every number at 20 digits (an
 /// integer chunk's six arrays, the longest, take 436 bytes).
 const ENTRY_BOUND: u64 = 448;
+/// Shortest chunk entry of any codec, every number one digit (a scaled
+/// chunk's three arrays, the shortest).
+const ENTRY_LEAST: u64 = 112;
+
+/// The least a header can take with `known_bytes` of members known at the
+/// start and `chunks` chunk entries, whatever the body: more than the
+/// format allows, and the file cannot be written at all.
+pub(super) fn least_header(known_bytes: u64, chunks: u64) -> u64 {
+    // Entries are separated by commas.
+    let list = chunks.saturating_mul(ENTRY_LEAST + 1).saturating_sub(1);
+    (known_bytes + ",\"chunks\":[]".len() as u64).saturating_add(list)
+}
 
 /// What the header's length depends on beyond its members known at the
 /// start.
@@ -98,6 +110,24 @@ mod tests {
                 text.len()
             );
         }
+    }
+
+    #[test]
+    fn the_least_entry_is_no_longer_than_any_codecs_shortest() {
+        let array = json!({"count": 0, "offset": 0});
+        let shortest = [
+            json!({"arrays": vec![array.clone(); 6], "first": 0, "scans": 0}),
+            json!({"arrays": vec![array; 3], "first": 0, "region": 0, "scans": 0}),
+            json!({"first": 0, "scans": 0, "payload_offset": 0, "payload_bytes": 0,
+                   "offset_offset": 0, "offset_bytes": 0, "model_offset": 0, "model_bytes": 0}),
+        ]
+        .map(|entry| super::super::to_canonical_json(&entry).unwrap().len() as u64);
+        assert_eq!(shortest.iter().min(), Some(&ENTRY_LEAST), "{shortest:?}");
+        // Entries and the commas between them.
+        let member = ",\"chunks\":[]".len() as u64;
+        assert_eq!(least_header(10, 1), 10 + member + ENTRY_LEAST);
+        assert_eq!(least_header(10, 3), 10 + member + 3 * ENTRY_LEAST + 2);
+        assert!(least_header(0, u64::MAX) > MAX_HEADER_BYTES as u64);
     }
 
     #[test]
