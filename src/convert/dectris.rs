@@ -33,7 +33,7 @@ use serde_json::{json, Map};
 use super::bitshuffle::{bitshuffle_lz4, hdf5_lz4};
 use super::describe::foreign;
 use super::element::Element;
-use super::hdf5::{beside, check_external_links, library_error, linked_file};
+use super::hdf5::{check_external_links, library_error, linked_file, located, Linked};
 use super::{ConvertError, Description, Markers, Options, Source};
 use crate::npy::DType;
 use crate::qem::write::{Calibration, Content, DetectorUnit};
@@ -129,19 +129,27 @@ fn unopenable(
     let Some(file) = linked_file(group, name) else {
         return h5err(path, &format!("{full} cannot be opened"), e);
     };
-    // The library looks for a relative name beside the master file.
-    let linked = beside(path, &file);
-    let reason = if !linked.exists() {
-        format!("its linked data file {} is missing", linked.display())
-    } else {
-        match h5::File::open(&linked) {
+    let reason = match located(path, &file, Linked::Link) {
+        // Found nowhere: named where it belongs, beside the master file.
+        Ok(None) => format!(
+            "its linked data file {} is missing",
+            path.parent()
+                .unwrap_or(Path::new("."))
+                .join(&file)
+                .display()
+        ),
+        Ok(Some(linked)) => match h5::File::open(&linked) {
             Err(inner) => format!(
                 "its linked data file {} cannot be read: {}",
                 linked.display(),
                 library_error(&inner)
             ),
             Ok(_) => library_error(&e),
-        }
+        },
+        Err((linked, inner)) => format!(
+            "its linked data file {} cannot be read: {inner}",
+            linked.display()
+        ),
     };
     ConvertError::input(path, format!("{full} cannot be opened: {reason}"))
 }

@@ -330,23 +330,82 @@ pub(super) fn check_external_links(
     Ok(())
 }
 
-/// Where the library finds a file that `path` names in a link or a
-/// virtual mapping (`name`, relative or absolute): beside `path`.
-pub(super) fn beside(path: &Path, name: &str) -> PathBuf {
-    path.parent().unwrap_or(Path::new(".")).join(name)
+/// Which kind of name the library looks up: its search differs only in
+/// the environment variable that puts folders before the usual places.
+#[derive(Clone, Copy)]
+pub(super) enum Linked {
+    /// The file of an external link (`HDF5_EXT_PREFIX`).
+    Link,
+    /// The source file of a virtual dataset (`HDF5_VDS_PREFIX`).
+    Virtual,
 }
 
-/// Why the external link `name` of `group` must not be followed: its file
-/// (found beside `path`, as the library finds it) is not a regular file.
-fn unreadable_link(path: &Path, group: &h5::Group, name: &str) -> Option<String> {
-    let linked = beside(path, &linked_file(group, name)?);
-    match crate::regular_file::open(&linked) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Some(format!(
-            "links to {}, which cannot be read: {e}",
-            linked.display()
-        )),
-        _ => None,
+/// Every path the library may open for `name`, named in a link or a
+/// virtual mapping of the file `path`, in the order it tries them: an
+/// absolute `name` as it is (then, as the library does, its last
+/// component alone in the places below); each folder of the prefix
+/// variable (`${ORIGIN}` is `path`'s folder); `path`'s folder; the working
+/// directory.
+fn search(path: &Path, name: &str, kind: Linked) -> Vec<PathBuf> {
+    let origin = path.parent().unwrap_or(Path::new("."));
+    let mut found = Vec::new();
+    let mut name = Path::new(name);
+    if name.is_absolute() {
+        found.push(name.to_path_buf());
+        let Some(last) = name.file_name() else {
+            return found;
+        };
+        name = Path::new(last);
     }
+    let var = match kind {
+        Linked::Link => "HDF5_EXT_PREFIX",
+        Linked::Virtual => "HDF5_VDS_PREFIX",
+    };
+    if let Some(prefixes) = std::env::var_os(var) {
+        for prefix in prefixes
+            .to_string_lossy()
+            .split(':')
+            .filter(|p| !p.is_empty())
+        {
+            let prefix = prefix.replace("${ORIGIN}", &origin.to_string_lossy());
+            found.push(Path::new(&prefix).join(name));
+        }
+    }
+    found.push(origin.join(name));
+    found.push(name.to_path_buf());
+    found
+}
+
+/// The file the library will open for `name` (see [`search`]): the first
+/// that exists, `Ok(None)` for none. `Err` names the first that exists
+/// and is not a regular file (a FIFO, a device), which the library would
+/// open and wait on for ever. Folders it passes by, as the library does.
+pub(super) fn located(
+    path: &Path,
+    name: &str,
+    kind: Linked,
+) -> Result<Option<PathBuf>, (PathBuf, std::io::Error)> {
+    for candidate in search(path, name, kind) {
+        match std::fs::metadata(&candidate) {
+            Err(_) => continue,
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => {}
+        }
+        return match crate::regular_file::open(&candidate) {
+            Ok(_) => Ok(Some(candidate)),
+            Err(e) => Err((candidate, e)),
+        };
+    }
+    Ok(None)
+}
+
+/// Why the external link `name` of `group` must not be followed: the
+/// file the library would open for it is not a regular file.
+fn unreadable_link(path: &Path, group: &h5::Group, name: &str) -> Option<String> {
+    let file = linked_file(group, name)?;
+    located(path, &file, Linked::Link)
+        .err()
+        .map(|(linked, e)| format!("links to {}, which cannot be read: {e}", linked.display()))
 }
 
 /// Virtual datasets are followed to their sources before the library
@@ -399,12 +458,22 @@ fn follow_virtual(
     let sources_named = |e: String| format!("is a virtual dataset {e}");
     let mut sources: Vec<(PathBuf, String)> = Vec::new();
     for (file_name, dataset_name) in virtual_sources(&dataset).map_err(sources_named)? {
-        // "." is the virtual dataset's own file; other names are found
-        // beside it, as the library finds them.
+        // "." is the virtual dataset's own file; other names are looked
+        // up as the library looks them up. A missing source reads as the
+        // fill value.
         let source = if file_name == "." {
             file.to_path_buf()
         } else {
-            beside(file, &file_name)
+            match located(file, &file_name, Linked::Virtual) {
+                Ok(Some(source)) => source,
+                Ok(None) => continue,
+                Err((source, e)) => {
+                    return Err(format!(
+                        "is a virtual dataset with a source in {}, which cannot be read: {e}",
+                        source.display()
+                    ))
+                }
+            }
         };
         if !sources.contains(&(source.clone(), dataset_name.clone())) {
             sources.push((source, dataset_name));
@@ -412,17 +481,6 @@ fn follow_virtual(
     }
     chain.push(here);
     for (source, name) in sources {
-        if source != file {
-            if let Err(e) = crate::regular_file::open(&source) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    return Err(format!(
-                        "is a virtual dataset with a source in {}, which cannot be read: {e}",
-                        source.display()
-                    ));
-                }
-                continue;
-            }
-        }
         follow_virtual(&source, &name, chain)?;
     }
     chain.pop();

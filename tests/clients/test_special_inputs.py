@@ -22,9 +22,9 @@ from conftest import binary, conformance, run
 TIMEOUT = 10
 
 
-def refused(name, *args, cwd=None):
+def refused(name, *args, cwd=None, env=None):
     try:
-        out = run(name, *args, check=False, timeout=TIMEOUT, cwd=cwd)
+        out = run(name, *args, check=False, timeout=TIMEOUT, cwd=cwd, env=env)
     except subprocess.TimeoutExpired:
         pytest.fail(f"{name} {' '.join(map(str, args))} still running after {TIMEOUT} s")
     # Diagnostics go to stderr; `validate` prints its per-file verdicts
@@ -110,6 +110,51 @@ def test_an_hdf5_external_link_to_a_fifo_is_refused_at_once(tmp_path):
     np.testing.assert_array_equal(np.load(tmp_path / "c.npy"), a)
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "c.npy", "c.qem", "pipe.h5", "plain.h5", "scan.emd", "scan_master.h5"]
+
+
+@pytest.mark.parametrize("where", ["working directory", "HDF5_EXT_PREFIX", "HDF5_VDS_PREFIX"])
+def test_a_fifo_the_library_would_find_elsewhere_is_refused_at_once(tmp_path, where):
+    # The library looks for a linked or source file in more places than
+    # beside the file that names it: first in the folders of a prefix
+    # variable, last in the working directory.
+    (tmp_path / "src").mkdir()
+    other = tmp_path / "other"
+    other.mkdir()
+    os.mkfifo(other / "pipe.h5")
+    path = tmp_path / "src" / "scan.h5"
+    with h5py.File(path, "w") as f:
+        if where == "HDF5_VDS_PREFIX":
+            layout = h5py.VirtualLayout(shape=(1, 1, 2, 2), dtype="u2")
+            layout[:] = h5py.VirtualSource("pipe.h5", "/data", shape=(1, 1, 2, 2))
+            f.create_virtual_dataset("data", layout, fillvalue=0)
+        else:
+            f["data"] = h5py.ExternalLink("pipe.h5", "/data")
+    env = dict(os.environ)
+    if where != "working directory":
+        env[where] = str(other)
+    err = refused("qem", "convert", f"{path}:/data", tmp_path / "out.qem",
+                  cwd=other if where == "working directory" else tmp_path, env=env)
+    assert "pipe.h5, which cannot be read" in err and "FIFO" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other", "src"]
+
+
+def test_a_linked_file_is_taken_where_the_library_finds_it_first(tmp_path):
+    # HDF5_EXT_PREFIX's folder comes first: the library reads the data file
+    # there and never opens the FIFO of the same name in the working
+    # directory, so neither does the check.
+    a = np.arange(2 * 3 * 4 * 5, dtype=np.uint16).reshape(2, 3, 4, 5)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    with h5py.File(tmp_path / "elsewhere" / "data.h5", "w") as f:
+        f["data"] = a
+    os.mkfifo(tmp_path / "data.h5")
+    path = tmp_path / "src" / "scan.h5"
+    with h5py.File(path, "w") as f:
+        f["data"] = h5py.ExternalLink("data.h5", "/data")
+    env = {**os.environ, "HDF5_EXT_PREFIX": str(tmp_path / "elsewhere")}
+    run("qem", "convert", f"{path}:/data", tmp_path / "out.qem", cwd=tmp_path, env=env, timeout=TIMEOUT)
+    run("qem", "convert", tmp_path / "out.qem", tmp_path / "out.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), a)
 
 
 def test_semq_show_dev_zero_exits_without_reading():
