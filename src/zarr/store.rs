@@ -24,6 +24,7 @@ use zarrs::array::{
 };
 use zarrs::filesystem::FilesystemStore;
 use zarrs::group::{Group, GroupBuilder};
+use zarrs::plugin::ExtensionName;
 use zarrs::storage::byte_range::ByteRange;
 use zarrs::storage::{
     Bytes, OffsetBytesIterator, ReadableStorageTraits, StorageError, StoreKey, StorePrefix,
@@ -523,6 +524,11 @@ pub struct ZarrSource {
     header: Option<Map<String, Value>>,
     /// The shard indexes checked so far, when `array` is sharded.
     shards: Option<Shards>,
+    /// Whether chunks are stored uncompressed (the `bytes` codec alone):
+    /// zarrs then reads only the bytes a read needs, so a chunk file cut
+    /// short within an edge chunk's padding went unnoticed. Each such
+    /// chunk's stored size is checked instead.
+    plain: bool,
 }
 
 /// zarrs trusts a shard index's offsets and lengths: one edited (its
@@ -598,6 +604,10 @@ impl ZarrSource {
             cache: ArrayShardedReadableExtCache::new(&array),
             checked: Default::default(),
         });
+        let codecs = array.codecs();
+        let plain = codecs.array_to_array_codecs().is_empty()
+            && codecs.bytes_to_bytes_codecs().is_empty()
+            && codecs.array_to_bytes_codec().name_v3().as_deref() == Some("bytes");
         let mut source = ZarrSource {
             path: path.to_path_buf(),
             array,
@@ -606,6 +616,7 @@ impl ZarrSource {
             mask: None,
             header: None,
             shards,
+            plain,
         };
         if let Some(group) = group {
             if let Some(Value::Object(h)) =
@@ -761,11 +772,12 @@ impl ZarrSource {
                 .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             // zarrs computes byte offsets within a chunk in u64 without
             // checking: a chunk shape whose bytes overflow made it panic.
-            let bytes = chunk
+            let whole = chunk
                 .shape()
                 .iter()
-                .try_fold(element as u64, |b, &n| b.checked_mul(n));
-            if bytes.is_none_or(|b| b > i64::MAX as u64) {
+                .try_fold(element as u64, |b, &n| b.checked_mul(n))
+                .filter(|&b| b <= i64::MAX as u64);
+            let Some(whole) = whole else {
                 return Err(fail(
                     &self.path,
                     format!(
@@ -773,7 +785,7 @@ impl ZarrSource {
                         chunk.shape()
                     ),
                 ));
-            }
+            };
             let part = chunk
                 .overlap(&band)
                 .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
@@ -784,6 +796,9 @@ impl ZarrSource {
                 .relative_to(chunk.start())
                 .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             self.check_shard(&index, &key)?;
+            if self.plain {
+                self.check_plain(&index, &key, whole)?;
+            }
             let bytes = self
                 .array
                 .retrieve_chunk_subset::<ArrayBytes>(&index, &local)
@@ -811,6 +826,24 @@ impl ZarrSource {
     /// Checks, once per shard, that the shard's index places every inner
     /// chunk within the shard's bytes (see [`Shards`]). `key` names the
     /// shard in errors.
+    /// Refuses an uncompressed chunk whose file does not hold exactly
+    /// `bytes`, its whole shape's (see `plain`). A missing chunk reads as
+    /// the fill value.
+    fn check_plain(&self, chunk: &[u64], key: &str, bytes: u64) -> Result<(), ZarrError> {
+        let stored = self
+            .array
+            .storage()
+            .size_key(&self.array.chunk_key(chunk))
+            .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
+        match stored {
+            Some(size) if size != bytes => Err(fail(
+                &self.path,
+                format!("{key}: {size} bytes stored, where the uncompressed chunk holds {bytes}"),
+            )),
+            _ => Ok(()),
+        }
+    }
+
     fn check_shard(&self, shard: &[u64], key: &str) -> Result<(), ZarrError> {
         let Some(shards) = &self.shards else {
             return Ok(());

@@ -185,6 +185,16 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
     chunk.write_bytes(chunk.read_bytes()[:-2])
     refused(tmp_path, short, "chunk", "0.1.0.0".replace(".", "/"))
 
+    # An edge chunk (rows 4-5 of 5, columns 6-8 of 7) cut within its
+    # padding: no byte the array holds is missing, but the file is not a
+    # whole chunk. zarrs reads only the bytes it needs and let it pass.
+    for fmt, key in [(3, "c/2/2/0/0"), (2, "2.2.0.0")]:
+        edge = tmp_path / f"edge{fmt}.zarr"
+        write_store(edge, sample(np.uint16), fmt, "none", (2, 3, 6, 9))
+        chunk = edge / key
+        chunk.write_bytes(chunk.read_bytes()[:-2])
+        refused(tmp_path, edge, f"chunk {key}", "bytes stored, where the uncompressed chunk holds 648")
+
     lzma = tmp_path / "lzma.zarr"  # a numcodecs compressor zarrs does not read
     z = zarr.open_array(str(lzma), mode="w", zarr_format=2, shape=(2, 2, 3, 3), chunks=(1, 1, 3, 3),
                         dtype=np.uint16, compressor=numcodecs.LZMA())
