@@ -345,7 +345,8 @@ pub(super) enum Linked {
 /// absolute `name` as it is (then, as the library does, its last
 /// component alone in the places below); each folder of the prefix
 /// variable (`${ORIGIN}` is `path`'s folder); `path`'s folder; the working
-/// directory.
+/// directory; the folder of the file `path` resolves to, where it is a
+/// symbolic link.
 fn search(path: &Path, name: &str, kind: Linked) -> Vec<PathBuf> {
     let origin = path.parent().unwrap_or(Path::new("."));
     let mut found = Vec::new();
@@ -373,6 +374,9 @@ fn search(path: &Path, name: &str, kind: Linked) -> Vec<PathBuf> {
     }
     found.push(origin.join(name));
     found.push(name.to_path_buf());
+    if let Some(resolved) = path.canonicalize().ok().as_deref().and_then(Path::parent) {
+        found.push(resolved.join(name));
+    }
     found
 }
 

@@ -112,25 +112,30 @@ def test_an_hdf5_external_link_to_a_fifo_is_refused_at_once(tmp_path):
         "c.npy", "c.qem", "pipe.h5", "plain.h5", "scan.emd", "scan_master.h5"]
 
 
-@pytest.mark.parametrize("where", ["working directory", "HDF5_EXT_PREFIX", "HDF5_VDS_PREFIX"])
+@pytest.mark.parametrize("where", ["working directory", "HDF5_EXT_PREFIX", "HDF5_VDS_PREFIX",
+                                   "folder of a symbolic link's file"])
 def test_a_fifo_the_library_would_find_elsewhere_is_refused_at_once(tmp_path, where):
     # The library looks for a linked or source file in more places than
     # beside the file that names it: first in the folders of a prefix
-    # variable, last in the working directory.
+    # variable, last in the working directory and in the folder of the
+    # file a symbolic link leads to.
     (tmp_path / "src").mkdir()
     other = tmp_path / "other"
     other.mkdir()
     os.mkfifo(other / "pipe.h5")
     path = tmp_path / "src" / "scan.h5"
-    with h5py.File(path, "w") as f:
+    written = other / "real.h5" if where.startswith("folder") else path
+    with h5py.File(written, "w") as f:
         if where == "HDF5_VDS_PREFIX":
             layout = h5py.VirtualLayout(shape=(1, 1, 2, 2), dtype="u2")
             layout[:] = h5py.VirtualSource("pipe.h5", "/data", shape=(1, 1, 2, 2))
             f.create_virtual_dataset("data", layout, fillvalue=0)
         else:
             f["data"] = h5py.ExternalLink("pipe.h5", "/data")
+    if written != path:
+        path.symlink_to(written)
     env = dict(os.environ)
-    if where != "working directory":
+    if where.startswith("HDF5"):
         env[where] = str(other)
     err = refused("qem", "convert", f"{path}:/data", tmp_path / "out.qem",
                   cwd=other if where == "working directory" else tmp_path, env=env)
