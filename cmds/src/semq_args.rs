@@ -21,7 +21,9 @@ Examples:
 
 Outputs appear whole or not at all. A run stopped by Ctrl-C, kill or a
 closed terminal removes its unfinished outputs, then ends with that
-signal's status (130 for Ctrl-C).
+signal's status (130 for Ctrl-C). A run that cannot get the memory it
+needs (ulimit -v, a container's or a scheduler's limit) names the file,
+removes its unfinished outputs and exits 2.
 
 Exit status: 0 ok / same / gate passed, 1 gate failed or files differ, 2 error.";
 
