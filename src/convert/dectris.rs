@@ -33,7 +33,7 @@ use serde_json::{json, Map};
 use super::bitshuffle::{bitshuffle_lz4, hdf5_lz4};
 use super::describe::foreign;
 use super::element::Element;
-use super::hdf5::{check_external_links, library_error, linked_file, located, Linked};
+use super::hdf5::{check_external_links, folder_of, library_error, linked_file, located, Linked};
 use super::{ConvertError, Description, Markers, Options, Source};
 use crate::npy::DType;
 use crate::qem::write::{Calibration, Content, DetectorUnit};
@@ -133,10 +133,7 @@ fn unopenable(
         // Found nowhere: named where it belongs, beside the master file.
         Ok(None) => format!(
             "its linked data file {} is missing",
-            path.parent()
-                .unwrap_or(Path::new("."))
-                .join(&file)
-                .display()
+            folder_of(path).join(&file).display()
         ),
         Ok(Some(linked)) => match h5::File::open(&linked) {
             Err(inner) => format!(

@@ -348,7 +348,7 @@ pub(super) enum Linked {
 /// directory; the folder of the file `path` resolves to, where it is a
 /// symbolic link.
 fn search(path: &Path, name: &str, kind: Linked) -> Vec<PathBuf> {
-    let origin = path.parent().unwrap_or(Path::new("."));
+    let origin = folder_of(path);
     let mut found = Vec::new();
     let mut name = Path::new(name);
     if name.is_absolute() {
@@ -375,9 +375,18 @@ fn search(path: &Path, name: &str, kind: Linked) -> Vec<PathBuf> {
     found.push(origin.join(name));
     found.push(name.to_path_buf());
     if let Some(resolved) = path.canonicalize().ok().as_deref().and_then(Path::parent) {
-        found.push(resolved.join(name));
+        let there = resolved.join(name);
+        if !found.contains(&there) {
+            found.push(there);
+        }
     }
     found
+}
+
+/// The folder of the file `path`, where the files it names by relative
+/// names belong.
+pub(super) fn folder_of(path: &Path) -> &Path {
+    path.parent().unwrap_or(Path::new("."))
 }
 
 /// The file the library will open for `name` (see [`search`]): the first
