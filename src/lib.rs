@@ -37,6 +37,7 @@
 #![warn(unnameable_types)]
 
 pub mod cache;
+pub mod contained;
 pub mod convert;
 pub mod export;
 pub mod mapguard;

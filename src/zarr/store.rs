@@ -33,6 +33,7 @@ use zarrs::storage::{
 
 use super::layout::{self, DIMENSIONS};
 use super::shard;
+use crate::contained::contained;
 use crate::pool::Pool;
 use crate::publish::{AtomicDir, Overwrite};
 use crate::qem::write::{Content, CountDtype, WriteSpec, RESERVED};
@@ -642,10 +643,13 @@ impl ZarrSource {
                 ),
             ));
         }
-        let bytes = mask
-            .retrieve_array_subset::<ArrayBytes>(&mask.subset_all())
-            .and_then(|b| Ok(b.into_fixed()?.into_owned()))
-            .map_err(|e| fail(&self.path, format!("mask: {e}")))?;
+        let bytes = contained(|| {
+            mask.retrieve_array_subset::<ArrayBytes>(&mask.subset_all())
+                .and_then(|b| Ok(b.into_fixed()?.into_owned()))
+                .map_err(|e| e.to_string())
+        })
+        .and_then(|r| r)
+        .map_err(|e| fail(&self.path, format!("mask: {e}")))?;
         Ok(bytes.iter().map(|&b| b != 0).collect())
     }
 
@@ -799,11 +803,14 @@ impl ZarrSource {
             if self.plain {
                 self.check_plain(&index, &key, whole)?;
             }
-            let bytes = self
-                .array
-                .retrieve_chunk_subset::<ArrayBytes>(&index, &local)
-                .and_then(|b| Ok(b.into_fixed()?.into_owned()))
-                .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
+            let bytes = contained(|| {
+                self.array
+                    .retrieve_chunk_subset::<ArrayBytes>(&index, &local)
+                    .and_then(|b| Ok(b.into_fixed()?.into_owned()))
+                    .map_err(|e| e.to_string())
+            })
+            .and_then(|r| r)
+            .map_err(|e| fail(&self.path, format!("{key}: {e}")))?;
             copy_box(
                 &bytes,
                 part.shape_usize().as_slice(),
@@ -823,9 +830,6 @@ impl ZarrSource {
 }
 
 impl ZarrSource {
-    /// Checks, once per shard, that the shard's index places every inner
-    /// chunk within the shard's bytes (see [`Shards`]). `key` names the
-    /// shard in errors.
     /// Refuses an uncompressed chunk whose file does not hold exactly
     /// `bytes`, its whole shape's (see `plain`). A missing chunk reads as
     /// the fill value.
@@ -844,6 +848,11 @@ impl ZarrSource {
         }
     }
 
+    /// Checks, once per shard, that the shard's index places every inner
+    /// chunk within the shard's bytes (see [`Shards`]). `key` names the
+    /// shard in errors. A shard whose bytes are encoded further as a whole
+    /// (a compressor after `sharding_indexed`) is not checked here: its
+    /// index is only read when the shard is decoded, inside [`contained`].
     fn check_shard(&self, shard: &[u64], key: &str) -> Result<(), ZarrError> {
         let Some(shards) = &self.shards else {
             return Ok(());

@@ -230,6 +230,27 @@ def test_bad_stores_are_refused_with_the_store_named(tmp_path):
         shard.write_bytes(bytes(raw))
         refused(tmp_path, sharded, "shard c/1/0/0/0", "past the shard's")
 
+    # The same, in shards compressed whole (zstd after `sharding_indexed`,
+    # as zarr-python writes with `serializer=ShardingCodec(...)` and
+    # `compressors`): the index is read only when the shard is decoded,
+    # and an offset of 2^64 - 1 there once crashed the decoder itself.
+    for name, entry, why in [("far", ((1 << 64) - 1, 16), "out of range"),
+                             ("long", (8, 1 << 40), "out-of-bounds")]:
+        outer = tmp_path / f"{name}_outer.zarr"
+        z = zarr.create_array(str(outer), shape=(4, 4, 6, 9), chunks=(2, 4, 6, 9), dtype=np.uint16,
+                              zarr_format=3, serializer=zarr.codecs.ShardingCodec(chunk_shape=(1, 2, 6, 9)),
+                              compressors=[zarr.codecs.ZstdCodec(level=1)])
+        values = sample(np.uint16, shape=(4, 4, 6, 9))
+        z[:] = values
+        assert np.array_equal(zarr.open_array(str(outer), mode="r")[:], values)
+        shard = outer / "c" / "1" / "0" / "0" / "0"
+        raw = bytearray(numcodecs.Zstd().decode(shard.read_bytes()))
+        index = len(raw) - (16 * 4 + 4)
+        raw[index + 16 : index + 32] = struct.pack("<QQ", *entry)
+        raw[-4:] = struct.pack("<I", numcodecs.checksum32.crc32c_checksum(bytes(raw[index:-4])))
+        shard.write_bytes(numcodecs.Zstd().encode(bytes(raw)))
+        refused(tmp_path, outer, "shard c/1/0/0/0", why)
+
     # Valid Zarr, no chunk written (all fill value), but more scan rows
     # than a .qem axis holds, and a detector too large for the codec: the
     # store is at fault, and named, not the output.
