@@ -1,12 +1,14 @@
-//! Decoding chunks of the HDF5 bitshuffle filter (id 32008) with LZ4, and
-//! of the plain HDF5 LZ4 filter (id 32004), in-process, so that no HDF5
-//! plugin is needed at run time. Both layouts are those of the filters'
-//! reference implementations (the `bitshuffle` and `HDF5Plugin-LZ4`
-//! projects), which DECTRIS detectors write.
+//! Decoding chunks of the HDF5 bitshuffle filter (id 32008), its blocks
+//! stored as they are or with LZ4 or zstd, and of the plain HDF5 LZ4
+//! filter (id 32004), in-process, so that no HDF5 plugin is needed at run
+//! time. Both layouts are those of the filters' reference implementations
+//! (the `bitshuffle` and `HDF5Plugin-LZ4` projects), which DECTRIS
+//! detectors and `hdf5plugin` write.
 //!
 //! Bitshuffle chunk: `u64 BE` uncompressed bytes, `u32 BE` block bytes,
 //! then per block of `block` elements a `u32 BE` compressed length and an
-//! LZ4 block; a final shorter block holds the remaining elements rounded
+//! LZ4 block (or zstd frame); without compression, no header and the
+//! blocks' bit planes as they are. A final shorter block holds the remaining elements rounded
 //! down to a multiple of 8, and the last `n mod 8` elements follow as they
 //! are. A decompressed block of `m` elements of `s` bytes is `8·s` bit
 //! planes of `m/8` bytes: plane `8·b + k` holds bit `k` of byte `b` of every
@@ -205,17 +207,68 @@ mod x86 {
     }
 }
 
+/// How a bitshuffle chunk's blocks are stored (the filter's fifth
+/// parameter: 0, 2 and 3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockCodec {
+    /// Bit planes as they are, with no chunk header; blocks of the size
+    /// the filter's parameters give.
+    None,
+    /// A chunk header, then each block's bit planes as one LZ4 block.
+    Lz4,
+    /// A chunk header, then each block's bit planes as one zstd frame.
+    Zstd,
+}
+
+/// Elements per block when the filter's parameters say 0: the
+/// bitshuffle library's stable default, about 8 KiB of elements, a
+/// multiple of 8, at least 128.
+pub fn default_block(elem: usize) -> usize {
+    (8192 / elem.max(1) / 8 * 8).max(128)
+}
+
 /// Decodes a bitshuffle-LZ4 chunk of `elem`-byte elements into `out`
 /// (exactly the chunk's uncompressed size).
 pub fn bitshuffle_lz4(chunk: &[u8], elem: usize, out: &mut [u8]) -> Result<(), String> {
-    let total = be64(chunk, 0).ok_or("chunk shorter than its 12-byte header")?;
-    let block_bytes = be32(chunk, 8).ok_or("chunk shorter than its 12-byte header")? as usize;
-    if total != out.len() as u64 {
-        return Err(format!(
-            "chunk declares {total} bytes uncompressed, the dataset's chunk holds {}",
-            out.len()
-        ));
-    }
+    bitshuffle(chunk, elem, 0, BlockCodec::Lz4, out)
+}
+
+/// Decodes a bitshuffle chunk of `elem`-byte elements stored with `codec`
+/// into `out` (exactly the chunk's decoded size). `block` (elements) is
+/// used by [`BlockCodec::None`] only, whose chunks carry no header; 0
+/// means [`default_block`].
+pub fn bitshuffle(
+    chunk: &[u8],
+    elem: usize,
+    block: usize,
+    codec: BlockCodec,
+    out: &mut [u8],
+) -> Result<(), String> {
+    let (block_bytes, mut pos) = if codec == BlockCodec::None {
+        if chunk.len() != out.len() {
+            return Err(format!(
+                "chunk of {} bytes, where the dataset's chunk holds {}",
+                chunk.len(),
+                out.len()
+            ));
+        }
+        let block = if block == 0 {
+            default_block(elem)
+        } else {
+            block
+        };
+        (block.saturating_mul(elem), 0)
+    } else {
+        let total = be64(chunk, 0).ok_or("chunk shorter than its 12-byte header")?;
+        if total != out.len() as u64 {
+            return Err(format!(
+                "chunk declares {total} bytes uncompressed, the dataset's chunk holds {}",
+                out.len()
+            ));
+        }
+        let bytes = be32(chunk, 8).ok_or("chunk shorter than its 12-byte header")? as usize;
+        (bytes, 12)
+    };
     if elem == 0
         || !block_bytes.is_multiple_of(elem)
         || !(block_bytes / elem).is_multiple_of(8)
@@ -227,36 +280,51 @@ pub fn bitshuffle_lz4(chunk: &[u8], elem: usize, out: &mut [u8]) -> Result<(), S
     }
     let block = block_bytes / elem;
     let n = out.len() / elem;
-    let mut scratch = vec![0u8; block * elem];
+    let mut scratch = vec![0u8; block.min(n) * elem];
     let mut bytes = Vec::new();
-    let (mut pos, mut done) = (12usize, 0usize);
+    let mut done = 0usize;
     while n - done >= 8 {
         let m = if n - done >= block {
             block
         } else {
             (n - done) / 8 * 8
         };
-        let clen = be32(chunk, pos).ok_or("chunk ends inside a block header")? as usize;
-        pos += 4;
-        let data = chunk
-            .get(pos..pos + clen)
-            .ok_or("chunk ends inside an LZ4 block")?;
-        let got = lz4_flex::block::decompress_into(data, &mut scratch[..m * elem])
-            .map_err(|e| format!("corrupt LZ4 block at byte {pos}: {e}"))?;
-        if got != m * elem {
-            return Err(format!(
-                "LZ4 block at byte {pos} holds {got} bytes, not {}",
-                m * elem
-            ));
-        }
+        let planes = match codec {
+            BlockCodec::None => {
+                let data = &chunk[pos..pos + m * elem];
+                pos += m * elem;
+                data
+            }
+            BlockCodec::Lz4 | BlockCodec::Zstd => {
+                let clen = be32(chunk, pos).ok_or("chunk ends inside a block header")? as usize;
+                pos += 4;
+                let data = chunk
+                    .get(pos..pos + clen)
+                    .ok_or("chunk ends inside a compressed block")?;
+                let got = if codec == BlockCodec::Lz4 {
+                    lz4_flex::block::decompress_into(data, &mut scratch[..m * elem])
+                        .map_err(|e| format!("corrupt LZ4 block at byte {pos}: {e}"))?
+                } else {
+                    zstd::bulk::decompress_to_buffer(data, &mut scratch[..m * elem])
+                        .map_err(|e| format!("corrupt zstd block at byte {pos}: {e}"))?
+                };
+                if got != m * elem {
+                    return Err(format!(
+                        "block at byte {pos} holds {got} bytes, not {}",
+                        m * elem
+                    ));
+                }
+                pos += clen;
+                &scratch[..m * elem]
+            }
+        };
         bit_unshuffle(
-            &scratch[..m * elem],
+            planes,
             m,
             elem,
             &mut bytes,
             &mut out[done * elem..(done + m) * elem],
         );
-        pos += clen;
         done += m;
     }
     let rest = (n - done) * elem;
@@ -438,5 +506,51 @@ mod tests {
         let mut bad = chunk.clone();
         bad[17] ^= 0xff;
         let _ = bitshuffle_lz4(&bad, 2, &mut out);
+    }
+
+    /// The same blocks stored as they are (no header, the block size from
+    /// the filter's parameters) and as zstd frames.
+    #[test]
+    fn uncompressed_and_zstd_blocks_decode() {
+        let values: Vec<u16> = (0..45u32)
+            .map(|i| ((i * 2246822519u32) >> 16) as u16)
+            .collect();
+        let want: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        let blocks = [0..16, 16..32, 32..40];
+        let tail = values[40..].iter().flat_map(|v| v.to_le_bytes());
+        let mut plain: Vec<u8> = blocks
+            .iter()
+            .flat_map(|r| shuffle(&values[r.clone()]))
+            .collect();
+        plain.extend(tail.clone());
+        let mut zstd_chunk = Vec::new();
+        zstd_chunk.extend_from_slice(&(90u64).to_be_bytes());
+        zstd_chunk.extend_from_slice(&(32u32).to_be_bytes());
+        for r in blocks {
+            let frame = zstd::bulk::compress(&shuffle(&values[r]), 3).unwrap();
+            zstd_chunk.extend_from_slice(&(frame.len() as u32).to_be_bytes());
+            zstd_chunk.extend_from_slice(&frame);
+        }
+        zstd_chunk.extend(tail);
+        let mut out = vec![0u8; 90];
+        bitshuffle(&plain, 2, 16, BlockCodec::None, &mut out).unwrap();
+        assert_eq!(out, want);
+        bitshuffle(&zstd_chunk, 2, 0, BlockCodec::Zstd, &mut out).unwrap();
+        assert_eq!(out, want);
+        // A stored chunk of another size, a block size not a multiple of 8.
+        assert!(bitshuffle(&plain[1..], 2, 16, BlockCodec::None, &mut out).is_err());
+        assert!(bitshuffle(&plain, 2, 12, BlockCodec::None, &mut out).is_err());
+        for cut in [0, 13, 20, zstd_chunk.len() - 1] {
+            assert!(bitshuffle(&zstd_chunk[..cut], 2, 0, BlockCodec::Zstd, &mut out).is_err());
+        }
+    }
+
+    #[test]
+    fn the_default_block_is_8_kib_of_elements_a_multiple_of_8_at_least_128() {
+        assert_eq!(default_block(1), 8192);
+        assert_eq!(default_block(2), 4096);
+        assert_eq!(default_block(3), 2728);
+        assert_eq!(default_block(8), 1024);
+        assert_eq!(default_block(128), 128);
     }
 }

@@ -135,7 +135,7 @@ fn unopenable(
             "its linked data file {} is missing",
             folder_of(path).join(&file).display()
         ),
-        Ok(Some(linked)) => match h5::File::open(&linked) {
+        Ok(Some(linked)) => match super::hdf5::open_file(&linked) {
             Err(inner) => format!(
                 "its linked data file {} cannot be read: {}",
                 linked.display(),
@@ -170,7 +170,8 @@ impl DectrisSource {
     pub fn open(path: &Path, options: &Options) -> Result<DectrisSource, ConvertError> {
         // HDF5 opens the file itself; check first that it is one.
         crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
-        let file = h5::File::open(path).map_err(|e| h5err(path, "not a readable HDF5 file", e))?;
+        let file =
+            super::hdf5::open_file(path).map_err(|e| h5err(path, "not a readable HDF5 file", e))?;
         let group = file
             .group("/entry/data")
             .map_err(|e| {

@@ -1,7 +1,8 @@
 //! A 4-D dataset (or a 3-D one with `--scan`) of any HDF5 file, named by
 //! path: `qem convert FILE.h5:/path/to/dataset OUT.qem` (py4DSTEM's and
 //! generic 4D-STEM data). Frames are read scan row by scan row through the
-//! HDF5 library (its own filters: gzip, shuffle, none) and stored by the
+//! HDF5 library (its own filters, gzip and shuffle, and ours for what
+//! `hdf5plugin` writes: Bitshuffle-LZ4, LZ4, Zstd, Blosc) and stored by the
 //! exact-narrowing rule. When the dataset sits in an EMD data group — EMD
 //! 1.0 as emdfile and py4DSTEM write it (`emd_group_type = "array"`,
 //! vectors `dim0`…`dim3`), or NCEM's earlier layout (`emd_group_type = 1`,
@@ -22,6 +23,13 @@ use super::element::{Narrowing, SourceDtype};
 use super::{ConvertError, Description, Options, Source};
 use crate::npy::DType;
 use crate::qem::write::{Calibration, DetectorUnit};
+
+/// Opens an HDF5 file through the library, with our filter decoders
+/// registered (see `hdf5_filters`), so that any dataset in it reads.
+pub(super) fn open_file(path: &Path) -> h5::Result<h5::File> {
+    super::hdf5_filters::register();
+    h5::File::open(path)
+}
 
 /// Splits `FILE:/dataset` when `FILE` exists and the whole does not.
 pub fn split_dataset_path(input: &Path) -> Option<(PathBuf, String)> {
@@ -106,7 +114,7 @@ const EMD_DEPTH: usize = 4;
 /// with the candidates named.
 pub fn find_emd_array(path: &Path) -> Result<Option<String>, ConvertError> {
     crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
-    let file = h5::File::open(path)
+    let file = open_file(path)
         .map_err(|e| ConvertError::input(path, format!("not a readable HDF5 file: {e}")))?;
     // EMD 1.0 marks the file; NCEM's files carry the version at the root.
     // Anything else (a DECTRIS master file with thousands of external
@@ -458,7 +466,7 @@ fn follow_virtual(
             "is a virtual dataset whose sources nest more than {VIRTUAL_DEPTH} deep"
         ));
     }
-    let Ok(opened) = h5::File::open(file) else {
+    let Ok(opened) = open_file(file) else {
         // The library's own error comes when the data is read.
         return Ok(());
     };
@@ -549,7 +557,11 @@ pub(super) fn library_error(e: &h5::Error) -> String {
     let h5::Error::HDF5(stack) = e else {
         return e.to_string();
     };
-    match stack.clone().expand() {
+    // A chunk one of our filters could not decode: why, after where.
+    let filter = super::hdf5_filters::take_error()
+        .map(|why| format!(": {why}"))
+        .unwrap_or_default();
+    let text = match stack.clone().expand() {
         Ok(frames) if !frames.is_empty() => {
             let mut descs: Vec<&str> = Vec::new();
             for f in frames.iter() {
@@ -560,7 +572,8 @@ pub(super) fn library_error(e: &h5::Error) -> String {
             format!("{}(): {}", frames[0].func(), descs.join(": "))
         }
         _ => e.to_string(),
-    }
+    };
+    text + &filter
 }
 
 impl Hdf5Source {
@@ -570,7 +583,7 @@ impl Hdf5Source {
         };
         // HDF5 opens the file itself; check first that it is one.
         crate::regular_file::open(path).map_err(|e| ConvertError::io(path, e))?;
-        let file = h5::File::open(path).map_err(|e| err("not a readable HDF5 file", e))?;
+        let file = open_file(path).map_err(|e| err("not a readable HDF5 file", e))?;
         check_external_links(path, &file, name)?;
         check_virtual(path, name)?;
         let dataset = file.dataset(name).map_err(|e| err(name, e))?;

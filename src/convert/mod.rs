@@ -18,6 +18,7 @@ mod emd;
 mod empad;
 mod error;
 mod hdf5;
+mod hdf5_filters;
 pub mod metadata;
 mod mib;
 mod npy;

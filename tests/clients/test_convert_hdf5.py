@@ -1,10 +1,12 @@
-"""Any HDF5 dataset by path (`FILE.h5:/path`), and EMD 1.0 with its
-calibration, written by h5py and compared with h5py's reading."""
+"""Any HDF5 dataset by path (`FILE.h5:/path`), compressed with the
+library's filters or hdf5plugin's, and EMD 1.0 with its calibration,
+written by h5py and compared with h5py's reading."""
 
 import contextlib
 import json
 
 import h5py
+import hdf5plugin
 import numpy as np
 import pytest
 
@@ -172,3 +174,62 @@ def test_a_shape_the_format_cannot_hold_is_refused_at_once(tmp_path, shape, why)
     assert err.startswith(f"error: {path}:/data: "), err
     assert why in err and "more than the 16 MiB the format allows" in err, err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["declared.h5"]
+
+
+# What `hdf5plugin` writes from Python, each filter with the options that
+# change its chunk layout (block sizes, Blosc's compressors and shuffles).
+PLUGIN_FILTERS = {
+    "bitshuffle-lz4": lambda: hdf5plugin.Bitshuffle(cname="lz4"),
+    "bitshuffle-zstd-blocks": lambda: hdf5plugin.Bitshuffle(nelems=64, cname="zstd"),
+    "bitshuffle-none": lambda: hdf5plugin.Bitshuffle(cname="none"),
+    "lz4-blocks": lambda: hdf5plugin.LZ4(nbytes=256),
+    "zstd": lambda: hdf5plugin.Zstd(clevel=9),
+    "blosc-lz4-shuffle": lambda: hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.SHUFFLE),
+    "blosc-zstd-bitshuffle": lambda: hdf5plugin.Blosc(cname="zstd", shuffle=hdf5plugin.Blosc.BITSHUFFLE),
+    "blosc-zlib": lambda: hdf5plugin.Blosc(cname="zlib"),
+    "blosc-snappy": lambda: hdf5plugin.Blosc(cname="snappy"),
+}
+
+
+@pytest.mark.parametrize("name", PLUGIN_FILTERS)
+@pytest.mark.parametrize("dtype", [np.uint16, np.float64])
+def test_datasets_compressed_with_hdf5plugin_filters_convert(tmp_path, name, dtype):
+    """No plugin is installed for the conversion: the filters are decoded
+    in-process. Chunks of partial frames exercise short last blocks."""
+    rng = np.random.default_rng(7)
+    array = rng.poisson(0.4, (3, 4, 32, 24)).astype(dtype)
+    array[:, :, 12:18, 9:15] += 700
+    src = tmp_path / "in.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("data", data=array, chunks=(1, 2, 32, 20), **PLUGIN_FILTERS[name]())
+    with h5py.File(src, "r") as f:
+        assert np.array_equal(f["data"][()], array)  # h5py with the plugin reads it
+        # Every chunk went through the filter (an optional filter that
+        # does not shrink a chunk leaves it stored as it is).
+        chunks = f["data"].id
+        assert all(chunks.get_chunk_info(i).filter_mask == 0 for i in range(chunks.get_num_chunks()))
+    got, _ = convert(tmp_path, f"{src}:/data")
+    expected = array.astype(np.float32) if dtype == np.float64 else array
+    assert got.dtype == expected.dtype and np.array_equal(got, expected)
+
+
+@pytest.mark.parametrize("name,why", [("bitshuffle-lz4", "bitshuffle chunk"), ("zstd", "zstd chunk"),
+                                      ("blosc-lz4-shuffle", "blosc chunk")])
+def test_a_corrupt_plugin_chunk_is_refused_with_the_reason(tmp_path, name, why):
+    array = np.arange(3 * 4 * 32 * 24, dtype=np.uint16).reshape(3, 4, 32, 24) % 300
+    src = tmp_path / "in.h5"
+    with h5py.File(src, "w") as f:
+        f.create_dataset("data", data=array, chunks=(1, 4, 32, 24), **PLUGIN_FILTERS[name]())
+    with h5py.File(src, "r") as f:
+        info = f["data"].id.get_chunk_info(1)
+    assert info.filter_mask == 0
+    raw = bytearray(src.read_bytes())
+    for at in range(info.byte_offset + 16, info.byte_offset + info.size, 5):
+        raw[at] ^= 0x5A
+    src.write_bytes(bytes(raw))
+    out = tmp_path / "out.qem"
+    r = run("qem", "convert", f"{src}:/data", out, check=False)
+    err = r.stderr.decode()
+    assert r.returncode == 2 and err.startswith(f"error: {src}: /data frames 4..8"), err
+    assert why in err, err
+    assert not out.exists() and [p.name for p in tmp_path.iterdir()] == ["in.h5"]

@@ -1,0 +1,263 @@
+//! Decoders for the HDF5 compression filters the field's writers use
+//! beyond the library's own (gzip, shuffle), registered with the HDF5
+//! library so that any dataset read through it is decoded in-process, with
+//! no plugin to install: what `hdf5plugin` writes from Python as
+//! `Bitshuffle()` (none, LZ4 or zstd, id 32008), `LZ4()` (32004), `Zstd()` (32015) and
+//! `Blosc(...)` (32001, any of its compressors).
+//!
+//! Only decoding is registered: a file is never written through them. A
+//! chunk that does not decode fails the read that needs it, and the reason
+//! (kept for this thread, see [`take_error`]) is added to the library's
+//! error, which names the dataset and frames.
+
+use std::cell::RefCell;
+use std::ffi::{c_uint, c_void, CStr};
+use std::sync::Once;
+
+use hdf5_metno_sys::h5::{H5allocate_memory, H5free_memory};
+use hdf5_metno_sys::h5z::{H5Z_class2_t, H5Zregister, H5Z_CLASS_T_VERS, H5Z_FLAG_REVERSE};
+
+use super::bitshuffle::{self, BlockCodec};
+
+/// Decoded chunks larger than this are refused: HDF5 chunks hold less
+/// than 4 GiB.
+const CHUNK_LIMIT: u64 = u32::MAX as u64;
+
+thread_local! {
+    static LAST_ERROR: RefCell<Option<String>> = const { RefCell::new(None) };
+}
+
+/// Why the last chunk decoded on this thread failed, once.
+pub fn take_error() -> Option<String> {
+    LAST_ERROR.with(|e| e.borrow_mut().take())
+}
+
+/// A filter's decoder: the stored chunk and the filter's parameters from
+/// the dataset's pipeline, to the decoded chunk.
+type Decode = fn(&[u8], &[c_uint]) -> Result<Vec<u8>, String>;
+
+struct Filter {
+    id: i32,
+    name: &'static CStr,
+    decode: Decode,
+}
+
+const FILTERS: [Filter; 4] = [
+    Filter {
+        id: 32008,
+        name: c"bitshuffle (qemfs decoder)",
+        decode: decode_bitshuffle,
+    },
+    Filter {
+        id: 32004,
+        name: c"lz4 (qemfs decoder)",
+        decode: decode_lz4,
+    },
+    Filter {
+        id: 32015,
+        name: c"zstd (qemfs decoder)",
+        decode: decode_zstd,
+    },
+    Filter {
+        id: 32001,
+        name: c"blosc (qemfs decoder)",
+        decode: decode_blosc,
+    },
+];
+
+/// Registers the decoders with the HDF5 library, once per process. Call
+/// before a dataset is read.
+pub fn register() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        for (i, f) in FILTERS.iter().enumerate() {
+            let class = H5Z_class2_t {
+                version: H5Z_CLASS_T_VERS as i32,
+                id: f.id,
+                encoder_present: 0,
+                decoder_present: 1,
+                name: f.name.as_ptr(),
+                can_apply: None,
+                set_local: None,
+                filter: Some(FILTER_FNS[i]),
+            };
+            // SAFETY: the class is copied by the library; its name is a
+            // static string. A failure leaves the filter unknown, and its
+            // datasets fail to read with the library's own message.
+            hdf5_metno::sync::sync(|| unsafe {
+                H5Zregister((&class as *const H5Z_class2_t).cast::<c_void>())
+            });
+        }
+    });
+}
+
+/// One C entry point per filter (the library passes no user data).
+const FILTER_FNS: [FilterFn; 4] = [call::<0>, call::<1>, call::<2>, call::<3>];
+
+type FilterFn = unsafe extern "C" fn(
+    c_uint,
+    usize,
+    *const c_uint,
+    usize,
+    *mut usize,
+    *mut *mut c_void,
+) -> usize;
+
+/// The library's filter call for `FILTERS[I]`: decodes `*buf` (`nbytes`
+/// stored bytes) into a new buffer of the library's allocator, frees the
+/// old one and returns the new length; 0 on failure (and for encoding,
+/// which these filters do not do).
+unsafe extern "C" fn call<const I: usize>(
+    flags: c_uint,
+    cd_nelmts: usize,
+    cd_values: *const c_uint,
+    nbytes: usize,
+    buf_size: *mut usize,
+    buf: *mut *mut c_void,
+) -> usize {
+    if flags & H5Z_FLAG_REVERSE == 0 || buf.is_null() || buf_size.is_null() {
+        return 0;
+    }
+    // SAFETY: the library passes its chunk buffer of at least `nbytes`
+    // bytes and the filter's `cd_nelmts` parameters.
+    let (input, params) = unsafe {
+        (
+            std::slice::from_raw_parts((*buf).cast::<u8>(), nbytes),
+            if cd_values.is_null() {
+                &[][..]
+            } else {
+                std::slice::from_raw_parts(cd_values, cd_nelmts)
+            },
+        )
+    };
+    let decoded = crate::contained::contained(|| (FILTERS[I].decode)(input, params))
+        .and_then(|r| r)
+        .and_then(|d| {
+            if d.len() as u64 > CHUNK_LIMIT || d.is_empty() {
+                Err(format!("a decoded chunk of {} bytes", d.len()))
+            } else {
+                Ok(d)
+            }
+        });
+    let decoded = match decoded {
+        Ok(d) => d,
+        Err(e) => {
+            let name = FILTERS[I].name.to_string_lossy();
+            let name = name.split(' ').next().unwrap_or("filter");
+            LAST_ERROR.with(|slot| *slot.borrow_mut() = Some(format!("{name} chunk: {e}")));
+            return 0;
+        }
+    };
+    // SAFETY: the library frees the chunk buffer with its own allocator,
+    // so the new one comes from it; the old one is ours to free once
+    // replaced.
+    unsafe {
+        let out = H5allocate_memory(decoded.len(), 0).cast::<u8>();
+        if out.is_null() {
+            return 0;
+        }
+        std::ptr::copy_nonoverlapping(decoded.as_ptr(), out, decoded.len());
+        H5free_memory(*buf);
+        *buf = out.cast();
+        *buf_size = decoded.len();
+    }
+    decoded.len()
+}
+
+/// The decoded size a chunk's big-endian header declares, bounded: LZ4
+/// expands at most 255-fold, so a header claiming more than that of the
+/// stored bytes is corrupt, and allocating it would let a few bytes of a
+/// file ask for gigabytes.
+fn declared(chunk: &[u8]) -> Result<usize, String> {
+    declared_within(chunk, 255)
+}
+
+/// As [`declared`], for blocks stored as zstd frames, which expand further
+/// (a frame of a run of zeros: some 32,000-fold).
+fn declared_zstd(chunk: &[u8]) -> Result<usize, String> {
+    declared_within(chunk, 1 << 16)
+}
+
+fn declared_within(chunk: &[u8], ratio: u64) -> Result<usize, String> {
+    let total = chunk
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or("chunk shorter than its 12-byte header")?;
+    let most = (chunk.len() as u64).saturating_mul(ratio).min(CHUNK_LIMIT);
+    if total > most {
+        return Err(format!(
+            "chunk of {} bytes declares {total} bytes decoded",
+            chunk.len()
+        ));
+    }
+    Ok(total as usize)
+}
+
+/// Bitshuffle (id 32008): parameters `[major, minor, element bytes, block
+/// elements, compression]`, compression 0 (none), 2 (LZ4, hdf5plugin's
+/// default) or 3 (zstd).
+fn decode_bitshuffle(chunk: &[u8], params: &[c_uint]) -> Result<Vec<u8>, String> {
+    let elem = *params
+        .get(2)
+        .ok_or("no element size among its parameters")? as usize;
+    let block = params.get(3).copied().unwrap_or(0) as usize;
+    let (codec, size) = match params.get(4).copied().unwrap_or(0) {
+        0 => (BlockCodec::None, chunk.len()),
+        2 => (BlockCodec::Lz4, declared(chunk)?),
+        3 => (BlockCodec::Zstd, declared_zstd(chunk)?),
+        c => return Err(format!("unknown bitshuffle compression {c}")),
+    };
+    let mut out = vec![0u8; size];
+    bitshuffle::bitshuffle(chunk, elem, block, codec, &mut out)?;
+    Ok(out)
+}
+
+/// LZ4 (id 32004), as HDF5Plugin-LZ4 lays it out.
+fn decode_lz4(chunk: &[u8], _: &[c_uint]) -> Result<Vec<u8>, String> {
+    let mut out = vec![0u8; declared(chunk)?];
+    bitshuffle::hdf5_lz4(chunk, &mut out)?;
+    Ok(out)
+}
+
+/// Zstandard (id 32015): one zstd frame, which records its decoded size.
+fn decode_zstd(chunk: &[u8], _: &[c_uint]) -> Result<Vec<u8>, String> {
+    let size = zstd::zstd_safe::get_frame_content_size(chunk)
+        .map_err(|_| "not a zstd frame".to_string())?
+        .ok_or("a zstd frame that does not record its decoded size")?;
+    if size > CHUNK_LIMIT {
+        return Err(format!("a zstd frame declaring {size} bytes decoded"));
+    }
+    let mut out = vec![0u8; size as usize];
+    let n = zstd::bulk::decompress_to_buffer(chunk, &mut out[..])
+        .map_err(|e| format!("corrupt zstd frame: {e}"))?;
+    if n != out.len() {
+        return Err(format!("a zstd frame of {n} bytes, declaring {size}"));
+    }
+    Ok(out)
+}
+
+/// Blosc (id 32001): a Blosc 1 buffer, whose header says its sizes and
+/// compressor; checked by the library before it is decoded.
+fn decode_blosc(chunk: &[u8], _: &[c_uint]) -> Result<Vec<u8>, String> {
+    let mut size = 0usize;
+    // SAFETY: `chunk` is readable for its length; the call only reads it.
+    let valid =
+        unsafe { blosc_src::blosc_cbuffer_validate(chunk.as_ptr().cast(), chunk.len(), &mut size) };
+    if valid < 0 || size as u64 > CHUNK_LIMIT {
+        return Err("not a valid Blosc buffer".into());
+    }
+    let mut out = vec![0u8; size];
+    if size == 0 {
+        return Ok(out);
+    }
+    // SAFETY: `out` is writable for `size` bytes, which Blosc never
+    // exceeds; the context call keeps no state between calls.
+    let n = unsafe {
+        blosc_src::blosc_decompress_ctx(chunk.as_ptr().cast(), out.as_mut_ptr().cast(), size, 1)
+    };
+    if n < 0 || n as usize != size {
+        return Err("corrupt Blosc buffer".into());
+    }
+    Ok(out)
+}
