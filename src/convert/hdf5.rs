@@ -1,15 +1,15 @@
 //! A 4-D dataset (or a 3-D one with `--scan`) of any HDF5 file, named by
 //! path: `qem convert FILE.h5:/path/to/dataset OUT.qem` (py4DSTEM's and
 //! generic 4D-STEM data). Frames are read scan row by scan row through the
-//! HDF5 library (its own filters, gzip and shuffle, and ours for what
-//! `hdf5plugin` writes: Bitshuffle-LZ4, LZ4, Zstd, Blosc) and stored by the
-//! exact-narrowing rule. When the dataset sits in an EMD data group — EMD
-//! 1.0 as emdfile and py4DSTEM write it (`emd_group_type = "array"`,
-//! vectors `dim0`…`dim3`), or NCEM's earlier layout (`emd_group_type = 1`,
-//! `dim1`…`dim4`) — the dimension vectors give the calibration: their
-//! spacing, with the `units` attribute (scan axes in m, nm, Å; detector axes
-//! in mrad or 1/nm, 1/Å). An EMD file needs no dataset path:
-//! [`find_emd_array`] finds its 4-D array.
+//! HDF5 library (its own filters, gzip and shuffle, and ours for h5py's
+//! LZF and what `hdf5plugin` writes: Bitshuffle, LZ4, Zstd, Blosc) and
+//! stored by the exact-narrowing rule. When the dataset sits in an EMD
+//! data group — EMD 1.0 as emdfile and py4DSTEM write it
+//! (`emd_group_type = "array"`, vectors `dim0`…`dim3`), or NCEM's earlier
+//! layout (`emd_group_type = 1`, `dim1`…`dim4`) — the dimension vectors
+//! give the calibration: their spacing, with the `units` attribute (scan
+//! axes in m, nm, Å; detector axes in mrad or 1/nm, 1/Å). An EMD file needs
+//! no dataset path: [`find_emd_array`] finds its 4-D array.
 
 use std::path::{Path, PathBuf};
 

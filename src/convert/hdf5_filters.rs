@@ -42,7 +42,12 @@ struct Filter {
     decode: Decode,
 }
 
-const FILTERS: [Filter; 4] = [
+const FILTERS: [Filter; 5] = [
+    Filter {
+        id: 32000,
+        name: c"lzf (qemfs decoder)",
+        decode: decode_lzf,
+    },
     Filter {
         id: 32008,
         name: c"bitshuffle (qemfs decoder)",
@@ -92,7 +97,7 @@ pub fn register() {
 }
 
 /// One C entry point per filter (the library passes no user data).
-const FILTER_FNS: [FilterFn; 4] = [call::<0>, call::<1>, call::<2>, call::<3>];
+const FILTER_FNS: [FilterFn; 5] = [call::<0>, call::<1>, call::<2>, call::<3>, call::<4>];
 
 type FilterFn = unsafe extern "C" fn(
     c_uint,
@@ -210,6 +215,25 @@ fn decode_bitshuffle(chunk: &[u8], params: &[c_uint]) -> Result<Vec<u8>, String>
     };
     let mut out = vec![0u8; size];
     bitshuffle::bitshuffle(chunk, elem, block, codec, &mut out)?;
+    Ok(out)
+}
+
+/// LZF (id 32000), h5py's filter: parameters `[version, revision, chunk
+/// bytes]`, the chunk one liblzf stream. A back reference of 3 bytes copies
+/// at most 264, so the chunk size is bounded by the stored bytes.
+fn decode_lzf(chunk: &[u8], params: &[c_uint]) -> Result<Vec<u8>, String> {
+    let size = u64::from(*params.get(2).ok_or("no chunk size among its parameters")?);
+    if size == 0 || size > (chunk.len() as u64).saturating_mul(96) {
+        return Err(format!(
+            "chunk of {} bytes declared to hold {size} bytes decoded",
+            chunk.len()
+        ));
+    }
+    let out =
+        lzf::decompress(chunk, size as usize).map_err(|e| format!("corrupt LZF stream: {e:?}"))?;
+    if out.len() as u64 != size {
+        return Err(format!("LZF stream of {} bytes, not {size}", out.len()));
+    }
     Ok(out)
 }
 

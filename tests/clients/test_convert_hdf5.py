@@ -176,9 +176,11 @@ def test_a_shape_the_format_cannot_hold_is_refused_at_once(tmp_path, shape, why)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["declared.h5"]
 
 
-# What `hdf5plugin` writes from Python, each filter with the options that
-# change its chunk layout (block sizes, Blosc's compressors and shuffles).
+# What h5py (LZF) and `hdf5plugin` write from Python, each filter with the
+# options that change its chunk layout (block sizes, Blosc's compressors and
+# shuffles).
 PLUGIN_FILTERS = {
+    "h5py-lzf": lambda: {"compression": "lzf"},
     "bitshuffle-lz4": lambda: hdf5plugin.Bitshuffle(cname="lz4"),
     "bitshuffle-zstd-blocks": lambda: hdf5plugin.Bitshuffle(nelems=64, cname="zstd"),
     "bitshuffle-none": lambda: hdf5plugin.Bitshuffle(cname="none"),
@@ -192,13 +194,17 @@ PLUGIN_FILTERS = {
 
 
 @pytest.mark.parametrize("name", PLUGIN_FILTERS)
-@pytest.mark.parametrize("dtype", [np.uint16, np.float64])
-def test_datasets_compressed_with_hdf5plugin_filters_convert(tmp_path, name, dtype):
+@pytest.mark.parametrize("dtype,values", [(np.uint16, "counts"), (np.float64, "counts"),
+                                          (np.uint16, "zeros")])
+def test_datasets_compressed_with_hdf5plugin_filters_convert(tmp_path, name, dtype, values):
     """No plugin is installed for the conversion: the filters are decoded
-    in-process. Chunks of partial frames exercise short last blocks."""
+    in-process. Chunks of partial frames exercise short last blocks; zeros,
+    each filter's largest expansion."""
     rng = np.random.default_rng(7)
     array = rng.poisson(0.4, (3, 4, 32, 24)).astype(dtype)
     array[:, :, 12:18, 9:15] += 700
+    if values == "zeros":
+        array[:] = 0
     src = tmp_path / "in.h5"
     with h5py.File(src, "w") as f:
         f.create_dataset("data", data=array, chunks=(1, 2, 32, 20), **PLUGIN_FILTERS[name]())
@@ -214,7 +220,7 @@ def test_datasets_compressed_with_hdf5plugin_filters_convert(tmp_path, name, dty
 
 
 @pytest.mark.parametrize("name,why", [("bitshuffle-lz4", "bitshuffle chunk"), ("zstd", "zstd chunk"),
-                                      ("blosc-lz4-shuffle", "blosc chunk")])
+                                      ("blosc-lz4-shuffle", "blosc chunk"), ("h5py-lzf", "lzf chunk")])
 def test_a_corrupt_plugin_chunk_is_refused_with_the_reason(tmp_path, name, why):
     array = np.arange(3 * 4 * 32 * 24, dtype=np.uint16).reshape(3, 4, 32, 24) % 300
     src = tmp_path / "in.h5"
