@@ -77,16 +77,26 @@ fn mapped(cap: usize) -> Option<Store> {
 }
 
 impl BlockBuf {
-    /// `len` zeroed bytes.
-    pub fn zeroed(len: usize) -> BlockBuf {
-        let store = (len >= huge_page_size())
+    /// `len` zeroed bytes; `None` where the system refuses the memory (a
+    /// limit on the daemon's address space, `ulimit -v`), which fails the
+    /// one read that needed it instead of the whole mount.
+    pub fn zeroed(len: usize) -> Option<BlockBuf> {
+        let store = match (len >= huge_page_size())
             .then(|| mapped(capacity_for(len)))
             .flatten()
+        {
+            Some(store) => store,
             // Small, or refused (out of address space, or of mappings: a
             // budget of hundreds of GB in 2 MiB blocks nears
             // vm.max_map_count): the heap, in small pages.
-            .unwrap_or_else(|| Store::Heap(vec![0; len]));
-        BlockBuf { store, len }
+            None => {
+                let mut v = Vec::new();
+                v.try_reserve_exact(len).ok()?;
+                v.resize(len, 0);
+                Store::Heap(v)
+            }
+        };
+        Some(BlockBuf { store, len })
     }
 
     /// The bytes this buffer can hold (what it costs in memory).
@@ -148,7 +158,7 @@ mod tests {
     fn large_buffers_are_aligned_whole_huge_pages_and_zeroed() {
         let huge = huge_page_size();
         for len in [huge, huge + 1, 3 * huge - 4096, 8 * huge] {
-            let mut b = BlockBuf::zeroed(len);
+            let mut b = BlockBuf::zeroed(len).unwrap();
             assert_eq!(b.len(), len);
             assert_eq!(b.as_ptr() as usize % huge, 0, "len {len}");
             assert_eq!(b.capacity(), len.next_multiple_of(huge));
@@ -162,9 +172,17 @@ mod tests {
     }
 
     #[test]
+    fn memory_the_system_refuses_is_none() {
+        // More than any address space holds: both the mapping and the heap
+        // refuse it.
+        assert!(BlockBuf::zeroed(usize::MAX / 2).is_none());
+        assert!(BlockBuf::zeroed(isize::MAX as usize - 4096).is_none());
+    }
+
+    #[test]
     fn small_buffers_are_zeroed_vectors_of_their_length() {
         for len in [0, 1, 4096, huge_page_size() - 1] {
-            let b = BlockBuf::zeroed(len);
+            let b = BlockBuf::zeroed(len).unwrap();
             assert_eq!((b.len(), b.capacity()), (len, len));
             assert!(b.iter().all(|&x| x == 0));
         }
@@ -173,7 +191,7 @@ mod tests {
     #[test]
     fn a_buffer_shrinks_keeping_its_bytes_and_never_grows() {
         let huge = huge_page_size();
-        let mut b = BlockBuf::zeroed(huge + 10);
+        let mut b = BlockBuf::zeroed(huge + 10).unwrap();
         b[5] = 7;
         b.set_len(100);
         assert_eq!((b.len(), b[5]), (100, 7));
@@ -188,7 +206,7 @@ mod tests {
     #[test]
     fn fits_allows_a_quarter_more_than_a_fresh_buffer() {
         let huge = huge_page_size();
-        let b = BlockBuf::zeroed(8 * huge);
+        let b = BlockBuf::zeroed(8 * huge).unwrap();
         assert!(b.fits(8 * huge));
         // A little smaller: the same number of huge pages.
         assert!(b.fits(8 * huge - 100));
@@ -197,7 +215,7 @@ mod tests {
         assert!(!b.fits(4 * huge));
         // Larger: it cannot hold it.
         assert!(!b.fits(8 * huge + 1));
-        let small = BlockBuf::zeroed(1000);
+        let small = BlockBuf::zeroed(1000).unwrap();
         assert!(small.fits(900) && !small.fits(700) && !small.fits(1001));
     }
 }

@@ -75,6 +75,7 @@ impl FsError {
                 | TreeError::Internal(_)
                 | TreeError::SourceChanged,
             ) => libc::EIO,
+            FsError::Tree(TreeError::OutOfMemory { .. }) => libc::ENOMEM,
             FsError::Stale => libc::ESTALE,
             FsError::BadHandle => libc::EBADF,
             FsError::ReadOnly => libc::EROFS,

@@ -65,6 +65,10 @@ pub enum TreeError {
     /// A memory-mapped source was truncated while being read (EIO).
     #[error("{}", crate::mapguard::CHANGED)]
     SourceChanged,
+    /// The system refused the memory a read needed (ENOMEM): that read
+    /// fails, the mount goes on.
+    #[error("{file}: out of memory: {bytes} bytes for its decoded block could not be allocated")]
+    OutOfMemory { file: String, bytes: usize },
 }
 
 /// Cache key of a decoded window of a block: which opening of which file,

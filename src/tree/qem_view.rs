@@ -141,8 +141,11 @@ impl QemView {
             let _reserved = reserve
                 .then(|| self.cache.reserve_while(bytes, 1024))
                 .flatten();
+            let mut out = RECYCLED.take(bytes).ok_or_else(|| TreeError::OutOfMemory {
+                file: self.name.clone(),
+                bytes,
+            })?;
             let decoded = if n == info.frames {
-                let mut out = RECYCLED.take(bytes);
                 // A chunk's first decode runs beside its body checksums.
                 self.file
                     .beside_chunk_checks(info.chunk, |f| {
@@ -155,7 +158,7 @@ impl QemView {
                     .and_then(|r| r)
                     .map(|()| out)
             } else {
-                self.decode_window(&info, window, n, codes)
+                self.decode_window(&info, window, n, codes, out)
             };
             // What the decode read of the source is in the page cache; the
             // daemon keeps only what it decoded (in the budget) resident.
@@ -192,6 +195,7 @@ impl QemView {
         window: usize,
         n: usize,
         codes: bool,
+        mut out: BlockBuf,
     ) -> Result<BlockBuf, crate::qem::QemError> {
         // Windows start at multiples of `w`, so a cursor stands at one.
         let w = self.window_frames(info).max(1);
@@ -237,12 +241,9 @@ impl QemView {
             }
         };
         cursor.skip(&self.file, window - cursor.next_frame())?;
-        let mut out;
         if codes {
-            out = RECYCLED.take(2 * n * self.file.pixels());
             cursor.read_codes_le(&self.file, n, &mut out)?;
         } else {
-            out = RECYCLED.take(n * self.file.frame_bytes());
             cursor.read(&self.file, n, &mut out)?;
         }
         if cursor.next_frame() < info.frames {
@@ -631,8 +632,9 @@ static RECYCLED: Recycler = Recycler {
 
 impl Recycler {
     /// A buffer of `len` bytes: a free one of about that size when there is
-    /// one, else a new one. Its contents are stale.
-    fn take(&self, len: usize) -> BlockBuf {
+    /// one, else a new one (`None`: the system refused it). Its contents
+    /// are stale.
+    fn take(&self, len: usize) -> Option<BlockBuf> {
         let mut reuse = None;
         {
             let mut handed = self.handed.lock().unwrap_or_else(|e| e.into_inner());
@@ -658,7 +660,7 @@ impl Recycler {
         match reuse.and_then(|b| Arc::try_unwrap(b).ok()) {
             Some(mut v) => {
                 v.set_len(len);
-                v
+                Some(v)
             }
             None => BlockBuf::zeroed(len),
         }
@@ -1098,7 +1100,7 @@ mod tests {
     }
 
     fn filled(len: usize, byte: u8) -> BlockBuf {
-        let mut b = BlockBuf::zeroed(len);
+        let mut b = BlockBuf::zeroed(len).unwrap();
         b.fill(byte);
         b
     }
@@ -1109,12 +1111,12 @@ mod tests {
     fn buffers_are_reused_only_when_let_go() {
         let r = recycler();
         let held = r.hand_out(filled(1000, 7));
-        let fresh = r.take(1000);
+        let fresh = r.take(1000).unwrap();
         assert_ne!(fresh.as_ptr(), held.as_ptr(), "a held buffer was reused");
         assert_eq!(held[..], [7u8; 1000]);
         let at = held.as_ptr();
         drop(held);
-        let reused = r.take(900);
+        let reused = r.take(900).unwrap();
         assert_eq!((reused.as_ptr(), reused.len()), (at, 900));
         // Too small, or much larger than asked (the cache would weigh it
         // by the smaller length): left alone, and a new one made.
@@ -1122,10 +1124,10 @@ mod tests {
         let large = r.hand_out(filled(4000, 0));
         let (small_at, large_at) = (small.as_ptr(), large.as_ptr());
         drop((small, large));
-        let got = r.take(20);
+        let got = r.take(20).unwrap();
         assert_eq!(got.len(), 20);
         assert!(got.as_ptr() != small_at && got.as_ptr() != large_at);
-        let again = r.take(3500);
+        let again = r.take(3500).unwrap();
         assert_eq!(again.as_ptr(), large_at);
     }
 

@@ -6,6 +6,7 @@ the budget plus a stated margin for the daemon itself (code, threads,
 mapped pages of the source).
 """
 
+import errno
 import json
 import os
 import threading
@@ -196,3 +197,58 @@ def test_concurrent_chunk_readers_under_a_small_budget_decode_each_block_about_o
     reads = 4 * len(chunks)
     assert counters["loads"] <= 1.5 * reads, counters
     assert counters["held_bytes"] <= counters["budget_bytes"], counters
+
+
+def vm_size_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmSize in the daemon's status")
+
+
+def test_a_block_the_system_refuses_memory_for_fails_that_read_not_the_mount(tmp_path, mount):
+    """Under a limit on the daemon's address space (`ulimit -v`, a batch
+    system's memory limit), a 64 MiB block that cannot be allocated fails
+    the read that needed it with ENOMEM and a log line naming the file; the
+    mount goes on, and so do reads that need no block (a frame decoded
+    alone, listings, metadata). Before, the daemon aborted and the mount
+    was gone (ENOTCONN)."""
+    array = np.zeros((1, 512, 256, 256), np.uint16)
+    array[0, :, 100:110, 50:60] = np.arange(512, dtype=np.uint16)[:, None, None]
+    src = qem_from_array(tmp_path, array, "big_block.qem").parent
+    # The daemon's own address space once it has served a frame (its
+    # threads started), measured on a mount without a limit.
+    mnt = mount(src)
+    frame = np.load(mnt / "big_block.qem" / "frames" / "0" / "007.npy")
+    assert np.array_equal(frame, array[0, 7])
+    baseline = vm_size_mib(int(os.getxattr(mnt, "user.qemfs.pid")))
+    run("qemfs", "unmount", mnt)
+    # Room for a frame, none for a 64 MiB block.
+    limited = tmp_path / "limited"
+    limited.mkdir()
+    log = tmp_path / "limited.log"
+    limit = int((baseline + 32) * 2**20)
+
+    def cap():
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+    run("qemfs", "mount", src, limited, "--log-file", log, preexec_fn=cap)
+    try:
+        container = limited / "big_block.qem"
+        assert np.array_equal(np.load(container / "frames" / "0" / "007.npy"), frame)
+        with open(container / "data.npy", "rb") as f:
+            try:
+                f.read()
+                raise AssertionError("a 64 MiB block was allocated under the limit")
+            except OSError as e:
+                assert e.errno == errno.ENOMEM, e
+        text = log.read_text()
+        assert "out of memory" in text and "big_block.qem" in text, text
+        # The mount is alive.
+        assert "data.npy" in os.listdir(container)
+        assert os.getxattr(container, "user.qem.shape") == b"1,512,256,256"
+        assert int(os.getxattr(limited, "user.qemfs.pid")) > 0
+    finally:
+        run("qemfs", "unmount", limited, check=False)
