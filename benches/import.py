@@ -1,13 +1,15 @@
 """Import throughput of `qem convert` from the detector formats (issue 17's
 targets: DECTRIS ARINA bitshuffle-LZ4 >= 300 MB/s, EMPAD and Merlin MIB
->= 400 MB/s of dense data on 2 cores), with peak RSS.
+>= 400 MB/s of dense data on 2 cores), and from generic HDF5 datasets
+(`FILE.h5:/data`) compressed with hdf5plugin's Bitshuffle-LZ4, Zstd and
+Blosc, with peak RSS.
 
 The sources are written by the same field writers the client tests use
 (h5py + hdf5plugin for the ARINA master and data files; EMPAD and MIB to
 their published layouts by the tests' writers), in a temporary folder:
 
     .venv/bin/python benches/import.py [--frames-side 64] [--keep DIR]
-                                       [--only arina|empad|mib] [--runs 3]
+                                       [--only arina|empad|mib|hdf5] [--runs 3]
                                        [--qem BINARY ...]
 
 Each source is converted three times; the best wall time counts. Prints
@@ -42,7 +44,7 @@ def low_dose(n, h, w, seed):
     return rng.poisson(rate, size=(n, h, w)).astype(np.uint16)
 
 
-FORMATS = ("arina", "empad", "mib")
+FORMATS = ("arina", "empad", "mib", "hdf5")
 
 
 def sources(folder, side, only=FORMATS):
@@ -53,6 +55,8 @@ def sources(folder, side, only=FORMATS):
         yield empad_source(folder, side)
     if "mib" in only:
         yield mib_source(folder, side, n)
+    if "hdf5" in only:
+        yield from hdf5_sources(folder, side, n)
 
 
 def arina(folder, side, n):
@@ -78,6 +82,22 @@ def mib_source(folder, side, n):
     (folder / "mib").mkdir()
     src = mib.write_mib(folder / "mib", counts, "U16", 12)
     return "Merlin MIB (U16, 12-bit)", src, counts.nbytes, []
+
+
+def hdf5_sources(folder, side, n):
+    # 128x128 uint16 frames, chunks of one scan row, as h5py + hdf5plugin
+    # write them; decoded by qem's in-process filters.
+    import h5py
+    import hdf5plugin
+
+    frames = low_dose(n, 128, 128, 4).reshape(side, side, 128, 128)
+    for name, compression in [("Bitshuffle-LZ4", hdf5plugin.Bitshuffle(cname="lz4")),
+                              ("Zstd", hdf5plugin.Zstd()),
+                              ("Blosc-LZ4", hdf5plugin.Blosc(cname="lz4", shuffle=hdf5plugin.Blosc.SHUFFLE))]:
+        path = folder / f"{name}.h5"
+        with h5py.File(path, "w") as f:
+            f.create_dataset("data", data=frames, chunks=(1, side, 128, 128), **compression)
+        yield f"HDF5 {name}", f"{path}:/data", frames.nbytes, []
 
 
 def convert(src, out, flags, qem=QEM):
@@ -113,7 +133,7 @@ def main():
             for qem, done in runs.items():
                 wall, cpu, _ = min(done)
                 peak = max(r[2] for r in done)
-                label = name if len(binaries) == 1 else f"{name} [{qem.name}]"
+                label = name if len(binaries) == 1 else f"{name} [{qem.parent.name}/{qem.name}]"
                 print(
                     f"{label:32s} {dense / 1e6:7.0f} MB  {wall:6.2f} s  {dense / 1e6 / wall:6.0f} MB/s"
                     f"  cpu {cpu:5.2f} s  peak RSS {peak:5.0f} MiB  load {os.getloadavg()[0]:.1f}",

@@ -1,14 +1,16 @@
 //! Decoders for the HDF5 compression filters the field's writers use
 //! beyond the library's own (gzip, shuffle), registered with the HDF5
 //! library so that any dataset read through it is decoded in-process, with
-//! no plugin to install: what `hdf5plugin` writes from Python as
-//! `Bitshuffle()` (none, LZ4 or zstd, id 32008), `LZ4()` (32004), `Zstd()` (32015) and
-//! `Blosc(...)` (32001, any of its compressors).
+//! no plugin to install: h5py's `compression="lzf"` (id 32000), and what
+//! `hdf5plugin` writes from Python as `Bitshuffle()` (its blocks stored as
+//! they are, with LZ4 or with zstd; id 32008), `LZ4()` (32004), `Zstd()`
+//! (32015) and `Blosc(...)` (32001, any of its compressors).
 //!
 //! Only decoding is registered: a file is never written through them. A
-//! chunk that does not decode fails the read that needs it, and the reason
-//! (kept for this thread, see [`take_error`]) is added to the library's
-//! error, which names the dataset and frames.
+//! chunk is decoded straight into the buffer the library gets back. A chunk
+//! that does not decode fails the read that needs it, and the reason (kept
+//! for this thread, see [`take_error`]) is added to the library's error,
+//! which names the dataset and frames.
 
 use std::cell::RefCell;
 use std::ffi::{c_uint, c_void, CStr};
@@ -18,6 +20,7 @@ use hdf5_metno_sys::h5::{H5allocate_memory, H5free_memory};
 use hdf5_metno_sys::h5z::{H5Z_class2_t, H5Zregister, H5Z_CLASS_T_VERS, H5Z_FLAG_REVERSE};
 
 use super::bitshuffle::{self, BlockCodec};
+use crate::contained::contained;
 
 /// Decoded chunks larger than this are refused: HDF5 chunks hold less
 /// than 4 GiB.
@@ -32,40 +35,48 @@ pub fn take_error() -> Option<String> {
     LAST_ERROR.with(|e| e.borrow_mut().take())
 }
 
-/// A filter's decoder: the stored chunk and the filter's parameters from
-/// the dataset's pipeline, to the decoded chunk.
-type Decode = fn(&[u8], &[c_uint]) -> Result<Vec<u8>, String>;
-
+/// A filter's two steps: the decoded size of a stored chunk (from its
+/// header or the filter's parameters, bounded by what the stored bytes
+/// can expand to), then the decode into exactly that many bytes.
 struct Filter {
     id: i32,
     name: &'static CStr,
-    decode: Decode,
+    size: fn(&[u8], &[c_uint]) -> Result<usize, String>,
+    decode: DecodeInto,
 }
+
+/// Decodes a stored chunk, with the filter's parameters, into `out`.
+type DecodeInto = fn(&[u8], &[c_uint], &mut [u8]) -> Result<(), String>;
 
 const FILTERS: [Filter; 5] = [
     Filter {
         id: 32000,
         name: c"lzf (qemfs decoder)",
+        size: lzf_size,
         decode: decode_lzf,
     },
     Filter {
         id: 32008,
         name: c"bitshuffle (qemfs decoder)",
+        size: bitshuffle_size,
         decode: decode_bitshuffle,
     },
     Filter {
         id: 32004,
         name: c"lz4 (qemfs decoder)",
-        decode: decode_lz4,
+        size: |chunk, _| declared(chunk),
+        decode: |chunk, _, out| bitshuffle::hdf5_lz4(chunk, out),
     },
     Filter {
         id: 32015,
         name: c"zstd (qemfs decoder)",
+        size: |chunk, _| zstd_size(chunk),
         decode: decode_zstd,
     },
     Filter {
         id: 32001,
         name: c"blosc (qemfs decoder)",
+        size: |chunk, _| blosc_size(chunk),
         decode: decode_blosc,
     },
 ];
@@ -135,38 +146,42 @@ unsafe extern "C" fn call<const I: usize>(
             },
         )
     };
-    let decoded = crate::contained::contained(|| (FILTERS[I].decode)(input, params))
-        .and_then(|r| r)
-        .and_then(|d| {
-            if d.len() as u64 > CHUNK_LIMIT || d.is_empty() {
-                Err(format!("a decoded chunk of {} bytes", d.len()))
-            } else {
-                Ok(d)
-            }
-        });
-    let decoded = match decoded {
-        Ok(d) => d,
-        Err(e) => {
-            let name = FILTERS[I].name.to_string_lossy();
-            let name = name.split(' ').next().unwrap_or("filter");
-            LAST_ERROR.with(|slot| *slot.borrow_mut() = Some(format!("{name} chunk: {e}")));
-            return 0;
-        }
+    let filter = &FILTERS[I];
+    let fail = |e: String| {
+        let name = filter.name.to_string_lossy();
+        let name = name.split(' ').next().unwrap_or("filter").to_string();
+        LAST_ERROR.with(|slot| *slot.borrow_mut() = Some(format!("{name} chunk: {e}")));
+        0
+    };
+    let size = match contained(|| (filter.size)(input, params)).and_then(|r| r) {
+        Ok(size) if size > 0 && size as u64 <= CHUNK_LIMIT => size,
+        Ok(size) => return fail(format!("a decoded chunk of {size} bytes")),
+        Err(e) => return fail(e),
     };
     // SAFETY: the library frees the chunk buffer with its own allocator,
-    // so the new one comes from it; the old one is ours to free once
-    // replaced.
-    unsafe {
-        let out = H5allocate_memory(decoded.len(), 0).cast::<u8>();
-        if out.is_null() {
-            return 0;
-        }
-        std::ptr::copy_nonoverlapping(decoded.as_ptr(), out, decoded.len());
-        H5free_memory(*buf);
-        *buf = out.cast();
-        *buf_size = decoded.len();
+    // so the new one comes from it (zeroed: it is a slice before it is
+    // written); the old one is ours to free once replaced.
+    let out = unsafe { H5allocate_memory(size, 1) }.cast::<u8>();
+    if out.is_null() {
+        return fail(format!("out of memory for a decoded chunk of {size} bytes"));
     }
-    decoded.len()
+    // SAFETY: `out` is a fresh allocation of `size` bytes, this slice its
+    // only reference.
+    let slice = unsafe { std::slice::from_raw_parts_mut(out, size) };
+    match contained(|| (filter.decode)(input, params, slice)).and_then(|r| r) {
+        // SAFETY: as above; `*buf` is the library's chunk buffer.
+        Ok(()) => unsafe {
+            H5free_memory(*buf);
+            *buf = out.cast();
+            *buf_size = size;
+            size
+        },
+        Err(e) => {
+            // SAFETY: ours, never handed to the library.
+            unsafe { H5free_memory(out.cast()) };
+            fail(e)
+        }
+    }
 }
 
 /// The decoded size a chunk's big-endian header declares, bounded: LZ4
@@ -177,12 +192,8 @@ fn declared(chunk: &[u8]) -> Result<usize, String> {
     declared_within(chunk, 255)
 }
 
-/// As [`declared`], for blocks stored as zstd frames, which expand further
-/// (a frame of a run of zeros: some 32,000-fold).
-fn declared_zstd(chunk: &[u8]) -> Result<usize, String> {
-    declared_within(chunk, 1 << 16)
-}
-
+/// As [`declared`], for blocks that expand up to `ratio`-fold (zstd
+/// frames of a run of zeros: some 32,000-fold).
 fn declared_within(chunk: &[u8], ratio: u64) -> Result<usize, String> {
     let total = chunk
         .get(..8)
@@ -202,86 +213,105 @@ fn declared_within(chunk: &[u8], ratio: u64) -> Result<usize, String> {
 /// Bitshuffle (id 32008): parameters `[major, minor, element bytes, block
 /// elements, compression]`, compression 0 (none), 2 (LZ4, hdf5plugin's
 /// default) or 3 (zstd).
-fn decode_bitshuffle(chunk: &[u8], params: &[c_uint]) -> Result<Vec<u8>, String> {
+fn bitshuffle_codec(params: &[c_uint]) -> Result<BlockCodec, String> {
+    match params.get(4).copied().unwrap_or(0) {
+        0 => Ok(BlockCodec::None),
+        2 => Ok(BlockCodec::Lz4),
+        3 => Ok(BlockCodec::Zstd),
+        c => Err(format!("unknown bitshuffle compression {c}")),
+    }
+}
+
+fn bitshuffle_size(chunk: &[u8], params: &[c_uint]) -> Result<usize, String> {
+    match bitshuffle_codec(params)? {
+        BlockCodec::None => Ok(chunk.len()),
+        BlockCodec::Lz4 => declared(chunk),
+        BlockCodec::Zstd => declared_within(chunk, 1 << 16),
+    }
+}
+
+fn decode_bitshuffle(chunk: &[u8], params: &[c_uint], out: &mut [u8]) -> Result<(), String> {
     let elem = *params
         .get(2)
         .ok_or("no element size among its parameters")? as usize;
     let block = params.get(3).copied().unwrap_or(0) as usize;
-    let (codec, size) = match params.get(4).copied().unwrap_or(0) {
-        0 => (BlockCodec::None, chunk.len()),
-        2 => (BlockCodec::Lz4, declared(chunk)?),
-        3 => (BlockCodec::Zstd, declared_zstd(chunk)?),
-        c => return Err(format!("unknown bitshuffle compression {c}")),
-    };
-    let mut out = vec![0u8; size];
-    bitshuffle::bitshuffle(chunk, elem, block, codec, &mut out)?;
-    Ok(out)
+    bitshuffle::bitshuffle(chunk, elem, block, bitshuffle_codec(params)?, out)
 }
 
 /// LZF (id 32000), h5py's filter: parameters `[version, revision, chunk
 /// bytes]`, the chunk one liblzf stream. A back reference of 3 bytes copies
 /// at most 264, so the chunk size is bounded by the stored bytes.
-fn decode_lzf(chunk: &[u8], params: &[c_uint]) -> Result<Vec<u8>, String> {
+fn lzf_size(chunk: &[u8], params: &[c_uint]) -> Result<usize, String> {
     let size = u64::from(*params.get(2).ok_or("no chunk size among its parameters")?);
-    if size == 0 || size > (chunk.len() as u64).saturating_mul(96) {
+    if size > (chunk.len() as u64).saturating_mul(96) {
         return Err(format!(
             "chunk of {} bytes declared to hold {size} bytes decoded",
             chunk.len()
         ));
     }
-    let out =
-        lzf::decompress(chunk, size as usize).map_err(|e| format!("corrupt LZF stream: {e:?}"))?;
-    if out.len() as u64 != size {
-        return Err(format!("LZF stream of {} bytes, not {size}", out.len()));
-    }
-    Ok(out)
+    Ok(size as usize)
 }
 
-/// LZ4 (id 32004), as HDF5Plugin-LZ4 lays it out.
-fn decode_lz4(chunk: &[u8], _: &[c_uint]) -> Result<Vec<u8>, String> {
-    let mut out = vec![0u8; declared(chunk)?];
-    bitshuffle::hdf5_lz4(chunk, &mut out)?;
-    Ok(out)
+fn decode_lzf(chunk: &[u8], _: &[c_uint], out: &mut [u8]) -> Result<(), String> {
+    let decoded =
+        lzf::decompress(chunk, out.len()).map_err(|e| format!("corrupt LZF stream: {e:?}"))?;
+    if decoded.len() != out.len() {
+        return Err(format!(
+            "LZF stream of {} bytes, not {}",
+            decoded.len(),
+            out.len()
+        ));
+    }
+    out.copy_from_slice(&decoded);
+    Ok(())
 }
 
 /// Zstandard (id 32015): one zstd frame, which records its decoded size.
-fn decode_zstd(chunk: &[u8], _: &[c_uint]) -> Result<Vec<u8>, String> {
+fn zstd_size(chunk: &[u8]) -> Result<usize, String> {
     let size = zstd::zstd_safe::get_frame_content_size(chunk)
         .map_err(|_| "not a zstd frame".to_string())?
         .ok_or("a zstd frame that does not record its decoded size")?;
-    if size > CHUNK_LIMIT {
-        return Err(format!("a zstd frame declaring {size} bytes decoded"));
-    }
-    let mut out = vec![0u8; size as usize];
-    let n = zstd::bulk::decompress_to_buffer(chunk, &mut out[..])
+    usize::try_from(size).map_err(|_| format!("a zstd frame declaring {size} bytes decoded"))
+}
+
+fn decode_zstd(chunk: &[u8], _: &[c_uint], out: &mut [u8]) -> Result<(), String> {
+    let n = zstd::bulk::decompress_to_buffer(chunk, out)
         .map_err(|e| format!("corrupt zstd frame: {e}"))?;
     if n != out.len() {
-        return Err(format!("a zstd frame of {n} bytes, declaring {size}"));
+        return Err(format!(
+            "a zstd frame of {n} bytes, declaring {}",
+            out.len()
+        ));
     }
-    Ok(out)
+    Ok(())
 }
 
 /// Blosc (id 32001): a Blosc 1 buffer, whose header says its sizes and
 /// compressor; checked by the library before it is decoded.
-fn decode_blosc(chunk: &[u8], _: &[c_uint]) -> Result<Vec<u8>, String> {
+fn blosc_size(chunk: &[u8]) -> Result<usize, String> {
     let mut size = 0usize;
     // SAFETY: `chunk` is readable for its length; the call only reads it.
     let valid =
         unsafe { blosc_src::blosc_cbuffer_validate(chunk.as_ptr().cast(), chunk.len(), &mut size) };
-    if valid < 0 || size as u64 > CHUNK_LIMIT {
+    if valid < 0 {
         return Err("not a valid Blosc buffer".into());
     }
-    let mut out = vec![0u8; size];
-    if size == 0 {
-        return Ok(out);
-    }
-    // SAFETY: `out` is writable for `size` bytes, which Blosc never
-    // exceeds; the context call keeps no state between calls.
+    Ok(size)
+}
+
+fn decode_blosc(chunk: &[u8], _: &[c_uint], out: &mut [u8]) -> Result<(), String> {
+    // SAFETY: `out` is writable for its length, which Blosc never exceeds;
+    // the context call keeps no state between calls.
     let n = unsafe {
-        blosc_src::blosc_decompress_ctx(chunk.as_ptr().cast(), out.as_mut_ptr().cast(), size, 1)
+        blosc_src::blosc_decompress_ctx(
+            chunk.as_ptr().cast(),
+            out.as_mut_ptr().cast(),
+            out.len(),
+            1,
+        )
     };
-    if n < 0 || n as usize != size {
+    if n < 0 || n as usize != out.len() {
         return Err("corrupt Blosc buffer".into());
     }
-    Ok(out)
+    Ok(())
 }
