@@ -272,6 +272,25 @@ where
                 .is_some_and(|w| w.strong_count() > 0)
     }
 
+    /// Evicts `key` now, as if it were the least recently used: a reader
+    /// that still holds it can take it back (see `get_or_load`), and once
+    /// no one does its memory is free for the next load.
+    pub fn evict(&self, key: &K) {
+        let mut state = self.lock();
+        let Some(value) = state.lru.pop(key) else {
+            return;
+        };
+        state.bytes -= value.weight();
+        self.evictions.fetch_add(1, Ordering::Relaxed);
+        if Arc::strong_count(&value) > 1 {
+            state
+                .evicted_alive
+                .insert(key.clone(), Arc::downgrade(&value));
+        }
+        drop(state);
+        drop(value);
+    }
+
     /// Drops every entry whose key matches `stale` (a source file that
     /// changed or disappeared).
     pub fn remove_where(&self, mut stale: impl FnMut(&K) -> bool) {
@@ -366,6 +385,25 @@ mod tests {
 
     fn block(n: usize) -> Result<Arc<Vec<u8>>, String> {
         Ok(Arc::new(vec![0; n]))
+    }
+
+    #[test]
+    fn an_evicted_value_is_taken_back_while_held_and_gone_after() {
+        let cache = Cache::new(1000);
+        let held = cache.get_or_load(&1, || block(100)).unwrap();
+        cache.get_or_load(&2, || block(100)).unwrap();
+        cache.evict(&1);
+        cache.evict(&2);
+        cache.evict(&3); // not there: nothing happens
+        let stats = cache.stats();
+        assert_eq!((stats.entries, stats.bytes, stats.evictions), (0, 0, 2));
+        // 1 is still held by a reader: taken back, not loaded again.
+        let again = cache
+            .get_or_load(&1, || Err("loaded again".to_string()))
+            .unwrap();
+        assert!(Arc::ptr_eq(&held, &again));
+        // 2 was dropped: loaded again.
+        assert!(cache.get_or_load(&2, || Err("gone".to_string())).is_err());
     }
 
     #[test]

@@ -194,6 +194,11 @@ impl Budget {
         self.cache.is_present_or_loading(&key.into())
     }
 
+    /// Evicts `key` now (see [`BlockCache::evict`]).
+    pub fn evict(&self, key: impl Into<CacheKey>) {
+        self.cache.evict(&key.into());
+    }
+
     /// Drops every value whose key matches `stale`.
     pub fn remove_where(&self, stale: impl FnMut(&CacheKey) -> bool) {
         self.cache.remove_where(stale);

@@ -365,6 +365,9 @@ impl QemView {
                 codes,
             });
         }
+        if previous == start && start > 0 {
+            self.pass_over(start - 1, codes);
+        }
         if let Some(Ok(mut digest)) = self.logical(codes).map(Mutex::try_lock) {
             digest
                 .feed_window(&self.file, info.index, window..window + n, &block)
@@ -372,6 +375,40 @@ impl QemView {
         }
         let window_start = start as u64 * self.frame_bytes(codes);
         Ok((block, (at - window_start) as usize))
+    }
+
+    /// A sequential reader went on past the window holding array frame
+    /// `frame`: when the array is larger than the budget, the window
+    /// before that one is evicted at once (that one may still be read by
+    /// the kernel's readahead requests, which arrive out of order). Kept,
+    /// it would stay until the whole budget had filled behind the reader,
+    /// and a reader going through the array again finds none of it (least
+    /// recently used goes first); evicted, its buffer takes a later
+    /// window's decode, where every window of a fresh mount otherwise had
+    /// fresh memory, cleared by the kernel (a quarter of the daemon's CPU
+    /// on a cold `data.npy`).
+    fn pass_over(&self, frame: usize, codes: bool) {
+        let total = self.frame_bytes(codes) * self.file.frames() as u64;
+        if total <= self.cache.limit() as u64 {
+            return;
+        }
+        let window_start = |frame: usize| {
+            let info = self.file.block_of_frame(frame).ok()?;
+            let (window, _) = self.window_of(info, frame - info.first_frame);
+            Some((info.index, window, info.first_frame + window))
+        };
+        let Some((_, _, start)) = window_start(frame) else {
+            return;
+        };
+        let Some((block, window, _)) = start.checked_sub(1).and_then(window_start) else {
+            return;
+        };
+        self.cache.evict(BlockKey {
+            view: self.id,
+            block,
+            window,
+            codes,
+        });
     }
 
     /// The whole-array checksum a read of decoded values feeds (float
