@@ -18,7 +18,8 @@ fn be32(b: &[u8], at: usize) -> Option<u32> {
     Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?))
 }
 
-fn be64(b: &[u8], at: usize) -> Option<u64> {
+/// The big-endian u64 at byte `at` (a chunk header's decoded size).
+pub(super) fn be64(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?))
 }
 

@@ -195,11 +195,7 @@ fn declared(chunk: &[u8]) -> Result<usize, String> {
 /// As [`declared`], for blocks that expand up to `ratio`-fold (zstd
 /// frames of a run of zeros: some 32,000-fold).
 fn declared_within(chunk: &[u8], ratio: u64) -> Result<usize, String> {
-    let total = chunk
-        .get(..8)
-        .and_then(|b| b.try_into().ok())
-        .map(u64::from_be_bytes)
-        .ok_or("chunk shorter than its 12-byte header")?;
+    let total = bitshuffle::be64(chunk, 0).ok_or("chunk shorter than its 12-byte header")?;
     let most = (chunk.len() as u64).saturating_mul(ratio).min(CHUNK_LIMIT);
     if total > most {
         return Err(format!(
