@@ -15,6 +15,7 @@
 //! Small buffers are ordinary vectors.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 use memmap2::MmapMut;
@@ -23,6 +24,9 @@ use memmap2::MmapMut;
 pub struct BlockBuf {
     store: Store,
     len: usize,
+    /// Bytes handed to readers since it last took a decode (see
+    /// [`BlockBuf::serve`]).
+    served: AtomicU64,
 }
 
 enum Store {
@@ -96,7 +100,11 @@ impl BlockBuf {
                 Store::Heap(v)
             }
         };
-        Some(BlockBuf { store, len })
+        Some(BlockBuf {
+            store,
+            len,
+            served: AtomicU64::new(0),
+        })
     }
 
     /// The bytes this buffer can hold (what it costs in memory).
@@ -117,10 +125,21 @@ impl BlockBuf {
 
     /// Makes the buffer `len` bytes long (at most its capacity), keeping
     /// what its first `len` bytes held: a reused buffer is overwritten by
-    /// its next decode, so its stale bytes are never cleared.
+    /// its next decode, so its stale bytes are never cleared. Its count of
+    /// bytes served starts again.
     pub fn set_len(&mut self, len: usize) {
         assert!(len <= self.capacity(), "a block buffer cannot grow");
         self.len = len;
+        *self.served.get_mut() = 0;
+    }
+
+    /// Counts `n` more of its bytes handed to a reader and says whether
+    /// as many as it holds have now been, since it was made or last
+    /// resized for a decode: a reader going through it once has had them
+    /// all (a byte read twice counts twice).
+    pub fn serve(&self, n: usize) -> bool {
+        let before = self.served.fetch_add(n as u64, Ordering::Relaxed);
+        before.saturating_add(n as u64) >= self.len as u64
     }
 }
 
@@ -201,6 +220,19 @@ mod tests {
         assert_eq!(b.len(), 2 * huge);
         let grown = std::panic::catch_unwind(move || b.set_len(2 * huge + 1));
         assert!(grown.is_err());
+    }
+
+    #[test]
+    fn serving_every_byte_is_counted_until_the_next_decode() {
+        let mut b = BlockBuf::zeroed(1000).unwrap();
+        assert!(!b.serve(400));
+        assert!(!b.serve(599));
+        assert!(b.serve(1));
+        assert!(b.serve(10), "past the end it stays served");
+        // Reused for another window: counted afresh, against its new length.
+        b.set_len(500);
+        assert!(!b.serve(499));
+        assert!(b.serve(1));
     }
 
     #[test]

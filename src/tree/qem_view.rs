@@ -6,6 +6,7 @@
 //! block cache, one 512-scan block (a chunk, for floats) at a time.
 
 use std::collections::BTreeMap;
+use std::collections::VecDeque;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -37,6 +38,10 @@ pub struct QemView {
     /// The window last served by decoding only the frames a small read
     /// asked for (see `read_few`): a second small read there loads it.
     few: Mutex<Option<BlockKey>>,
+    /// The windows most recently read whole and evicted (see `served`),
+    /// newest last, until they are loaded again: the prefetcher leaves
+    /// them alone.
+    consumed: Mutex<VecDeque<BlockKey>>,
     /// Float files: the whole-array checksum, fed by sequential readers of
     /// the decoded array (see `check_logical`).
     logical: Option<Mutex<LogicalDigest>>,
@@ -124,6 +129,10 @@ impl QemView {
             codes,
         };
         self.cache.get_or_load(key, || {
+            self.consumed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .retain(|&k| k != key);
             let faults = self.file.faults();
             let info = *self
                 .file
@@ -299,7 +308,13 @@ impl QemView {
             window,
             codes,
         };
-        if self.cache.is_present_or_loading(key) {
+        if self.cache.is_present_or_loading(key)
+            || self
+                .consumed
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&key)
+        {
             return;
         }
         let (_, frames) = self.window_of(&target, window);
@@ -308,15 +323,16 @@ impl QemView {
         } else {
             frames * self.file.frame_bytes()
         };
-        let view = Arc::clone(self);
+        let view = Arc::downgrade(self);
         prefetch::submit(&self.cache, bytes, move || {
-            // The window whose read asked for this one is gone when the
-            // container was closed (its blocks dropped) before this ran:
-            // a late prefetch must not load a closed view's block back
-            // into the cache.
-            if !view.cache.is_present_or_loading(asked_by) {
+            // Nothing holds the view any more when its container was
+            // closed (its blocks dropped) and its last reader went before
+            // this ran: a late prefetch must not load a closed view's
+            // block back into the cache. (The window that asked may be
+            // gone while its reader goes on: it was read whole.)
+            let Some(view) = view.upgrade() else {
                 return;
-            }
+            };
             // A failure surfaces when a reader asks for the window itself.
             let _ = view.load_window(index, window, codes, false);
         });
@@ -347,26 +363,28 @@ impl QemView {
         Ok((info, window, n))
     }
 
-    /// The decoded window holding array byte `at` and where `at` lies in
-    /// it; notes sequential reading (prefetching the next window) and
-    /// feeds a float file's whole-array checksum.
-    fn piece(self: &Arc<Self>, at: u64, codes: bool) -> Result<(Arc<BlockBuf>, usize), TreeError> {
+    /// The decoded window holding array byte `at`, where `at` lies in it,
+    /// and its key; notes sequential reading (prefetching the next window)
+    /// and feeds a float file's whole-array checksum.
+    fn piece(
+        self: &Arc<Self>,
+        at: u64,
+        codes: bool,
+    ) -> Result<(Arc<BlockBuf>, usize, BlockKey), TreeError> {
         let (info, window, n) = self.span_of(at, codes)?;
         let block = self.window(info.index, window, codes)?;
+        let key = BlockKey {
+            view: self.id,
+            block: info.index,
+            window,
+            codes,
+        };
         // Sequential reading: this window again, or the one after the
         // last one read (counted in frames of the whole array).
         let (start, end) = (info.first_frame + window, info.first_frame + window + n);
         let previous = self.last_block.swap(end, Ordering::Relaxed);
         if previous == end || previous == start {
-            self.prefetch(BlockKey {
-                view: self.id,
-                block: info.index,
-                window,
-                codes,
-            });
-        }
-        if previous == start && start > 0 {
-            self.pass_over(start - 1, codes);
+            self.prefetch(key);
         }
         if let Some(Ok(mut digest)) = self.logical(codes).map(Mutex::try_lock) {
             digest
@@ -374,41 +392,36 @@ impl QemView {
                 .map_err(|e| self.decode_error(e))?;
         }
         let window_start = start as u64 * self.frame_bytes(codes);
-        Ok((block, (at - window_start) as usize))
+        Ok((block, (at - window_start) as usize, key))
     }
 
-    /// A sequential reader went on past the window holding array frame
-    /// `frame`: when the array is larger than the budget, the window
-    /// before that one is evicted at once (that one may still be read by
-    /// the kernel's readahead requests, which arrive out of order). Kept,
-    /// it would stay until the whole budget had filled behind the reader,
-    /// and a reader going through the array again finds none of it (least
-    /// recently used goes first); evicted, its buffer takes a later
-    /// window's decode, where every window of a fresh mount otherwise had
-    /// fresh memory, cleared by the kernel (a quarter of the daemon's CPU
-    /// on a cold `data.npy`).
-    fn pass_over(&self, frame: usize, codes: bool) {
-        let total = self.frame_bytes(codes) * self.file.frames() as u64;
-        if total <= self.cache.limit() as u64 {
-            return;
+    /// `n` more bytes of window `key` (held in `block`) handed to a
+    /// reader. Once as many as the window holds have been, in an array
+    /// larger than the budget, the window is evicted at once: its reader
+    /// has had it all (a Zarr chunk read whole, a stretch of `data.npy`
+    /// read through), and an array the budget cannot hold is read through
+    /// before any of it could be read again from the cache (least recently
+    /// used goes first). Kept, such windows filled the whole budget with
+    /// fresh memory that the kernel cleared page by page (a fifth of the
+    /// daemon's CPU when a fresh mount's `data.zarr` chunks or `data.npy`
+    /// are read through); evicted, its buffer takes the next window's
+    /// decode. A window some reader reads again is taken back while its
+    /// buffer is unused, else decoded again; but it is not prefetched
+    /// again: of two readers taking alternate chunks, the one ahead has
+    /// often read the window after the other's whole before that one's
+    /// prefetch asks for it.
+    fn served(&self, key: BlockKey, block: &BlockBuf, n: usize) {
+        let total = self.frame_bytes(key.codes) * self.file.frames() as u64;
+        if block.serve(n) && total > self.cache.limit() as u64 {
+            self.cache.evict(key);
+            let mut consumed = self.consumed.lock().unwrap_or_else(|e| e.into_inner());
+            if !consumed.contains(&key) {
+                if consumed.len() == CONSUMED_KEPT {
+                    consumed.pop_front();
+                }
+                consumed.push_back(key);
+            }
         }
-        let window_start = |frame: usize| {
-            let info = self.file.block_of_frame(frame).ok()?;
-            let (window, _) = self.window_of(info, frame - info.first_frame);
-            Some((info.index, window, info.first_frame + window))
-        };
-        let Some((_, _, start)) = window_start(frame) else {
-            return;
-        };
-        let Some((block, window, _)) = start.checked_sub(1).and_then(window_start) else {
-            return;
-        };
-        self.cache.evict(BlockKey {
-            view: self.id,
-            block,
-            window,
-            codes,
-        });
     }
 
     /// The whole-array checksum a read of decoded values feeds (float
@@ -518,8 +531,10 @@ impl QemView {
         }
         let mut done = 0usize;
         while done < buf.len() && offset + (done as u64) < total {
-            let (block, from) = self.piece(offset + done as u64, codes)?;
-            done += copy_range(&block, from as u64, &mut buf[done..]);
+            let (block, from, key) = self.piece(offset + done as u64, codes)?;
+            let n = copy_range(&block, from as u64, &mut buf[done..]);
+            self.served(key, &block, n);
+            done += n;
         }
         if done > 0 {
             self.finish_read(offset + done as u64, codes)?;
@@ -550,8 +565,9 @@ impl QemView {
             return Ok(None);
         }
         self.check_verdict(codes)?;
-        let (block, from) = self.piece(offset, codes)?;
+        let (block, from, key) = self.piece(offset, codes)?;
         self.finish_read(end, codes)?;
+        self.served(key, &block, len);
         Ok(Some(Held::new(block, from, len)))
     }
 
@@ -601,6 +617,10 @@ impl QemView {
 struct Recycler {
     handed: Mutex<std::collections::VecDeque<Arc<BlockBuf>>>,
 }
+
+/// Windows read whole that a view remembers not to prefetch (see
+/// `QemView::served`): a few more than readers take turns.
+const CONSUMED_KEPT: usize = 8;
 
 /// Reads of at most this many frames of a window no one holds decode just
 /// those frames (see `QemView::read_few`).
@@ -938,6 +958,7 @@ pub fn directory(
         cache,
         last_block: AtomicUsize::new(usize::MAX - 1),
         few: Mutex::new(None),
+        consumed: Mutex::new(VecDeque::new()),
         logical,
     });
     let file = &view.file;
