@@ -24,7 +24,8 @@ cores vary by 10-20%):
    buffers reused, not mapped afresh; 2 threads per worker, one summing
    while the other waits for the mount) both that plain sum and the example's
    exact sum (uint32 accumulation where pixels x the dtype's maximum fits,
-   widened to uint64, one task per chunk reading and summing it), which
+   widened to uint64, each task reading and summing up to 128 MiB of
+   whole chunks), which
    must equal it; and, on that cluster, Dask's
    floor: the exact sum over a plain copy of `data.zarr` in the page
    cache, no decoding and no FUSE (what Dask and zarr-python cost by
@@ -185,7 +186,7 @@ def plain_sum(source):
 
 def example_sum(source):
     """The example's exact sum over the detector (every pixel valid): one
-    task per chunk."""
+    task per 128 MiB of whole chunks."""
     from dask_virtual_images import virtual_images
 
     return virtual_images(source, np.ones(source.shape[2:], bool), pattern=False)["sum"]
@@ -407,7 +408,7 @@ def main():
             from dask_virtual_images import local_cluster
 
             plain = ("sum over the detector (plain uint64, a Dask array's sum)", plain_sum)
-            exact = ("sum over the detector (the example's: exact uint32 widened, a task a chunk)",
+            exact = ("sum over the detector (the example's: exact uint32 widened, 128 MiB tasks)",
                      example_sum)
             copy = work / "copy.zarr"
             copy_view(src, copy)
