@@ -134,12 +134,23 @@ impl BlockBuf {
     }
 
     /// Counts `n` more of its bytes handed to a reader and says whether
-    /// as many as it holds have now been, since it was made or last
-    /// resized for a decode: a reader going through it once has had them
-    /// all (a byte read twice counts twice).
+    /// as many as it holds have now been, since it was made, last resized
+    /// for a decode or last said so: a reader going through it once has
+    /// had them all (a byte read twice counts twice). The count then
+    /// starts again, so that a window evicted on this answer and taken
+    /// back by a later reader is let go again only once that reader has
+    /// been through it too, not at its first read.
     pub fn serve(&self, n: usize) -> bool {
-        let before = self.served.fetch_add(n as u64, Ordering::Relaxed);
-        before.saturating_add(n as u64) >= self.len as u64
+        let len = self.len as u64;
+        let mut through = false;
+        let _ = self
+            .served
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |before| {
+                let now = before.saturating_add(n as u64);
+                through = now >= len;
+                Some(if through { 0 } else { now })
+            });
+        through
     }
 }
 
@@ -223,12 +234,14 @@ mod tests {
     }
 
     #[test]
-    fn serving_every_byte_is_counted_until_the_next_decode() {
+    fn serving_every_byte_is_counted_again_after_each_time_through() {
         let mut b = BlockBuf::zeroed(1000).unwrap();
         assert!(!b.serve(400));
         assert!(!b.serve(599));
         assert!(b.serve(1));
-        assert!(b.serve(10), "past the end it stays served");
+        // Taken back by another reader: counted again from nothing.
+        assert!(!b.serve(10));
+        assert!(b.serve(990));
         // Reused for another window: counted afresh, against its new length.
         b.set_len(500);
         assert!(!b.serve(499));

@@ -406,7 +406,8 @@ impl QemView {
     /// daemon's CPU when a fresh mount's `data.zarr` chunks or `data.npy`
     /// are read through); evicted, its buffer takes the next window's
     /// decode. A window some reader reads again is taken back while its
-    /// buffer is unused, else decoded again; but it is not prefetched
+    /// buffer is unused, else decoded again, and held until that reader
+    /// has been through it too (`BlockBuf::serve`); but it is not prefetched
     /// again: of two readers taking alternate chunks, the one ahead has
     /// often read the window after the other's whole before that one's
     /// prefetch asks for it.

@@ -182,6 +182,33 @@ def test_chunks_of_an_array_larger_than_the_budget_go_once_read_whole(tmp_path, 
     assert counters["loads"] <= 17, counters
 
 
+def test_a_chunk_read_again_is_held_until_read_through_again(tmp_path, mount):
+    # Eight 1 MiB chunks under a 4 MiB budget. A chunk read whole is let
+    # go; read again at once, it is taken back and held while the second
+    # reader is part way through it, then let go once that reader has had
+    # it all. The last chunk: no block after it for the prefetcher to
+    # decode into its buffer meanwhile. Unbuffered, because Python's
+    # buffered reader asks for a whole st_blksize (1 MiB here) at a time.
+    rng = np.random.default_rng(7)
+    data = rng.integers(0, 50, size=(64, 64, 32, 32), dtype=np.uint16)
+    src = qem_from_array(tmp_path, data, "scan.qem").parent
+    mnt = mount(src, "--cache-size", 4, "--gpu", "off")
+    chunk = mnt / "scan.qem" / "data.zarr" / "data" / "7.0.0.0"
+    expected = data[56:64].tobytes()
+    half = len(expected) // 2
+    assert chunk.read_bytes() == expected
+    before = cache_counters(mnt)
+    with open(chunk, "rb", buffering=0) as f:
+        assert f.read(half) == expected[:half]
+        partway = cache_counters(mnt)
+        assert partway["evictions"] == before["evictions"], (before, partway)
+        assert partway["held_bytes"] == len(expected), partway
+        assert f.read(half) == expected[half:]
+    after = cache_counters(mnt)
+    assert after["evictions"] == before["evictions"] + 1, (before, after)
+    assert after["loads"] == before["loads"] == 1, (before, after)
+
+
 def test_concurrent_chunk_readers_under_a_small_budget_decode_each_block_about_once(
         tmp_path, mount):
     # Four readers at once, each reading all eight 4 MiB chunks (one block
