@@ -384,3 +384,43 @@ def test_dask_cluster_computes_the_virtual_images_from_a_sharded_store(tmp_path,
         expected = load(container, "virtual/mean_dp.npy")
         assert mean_dp.shape == expected.shape
         assert np.allclose(mean_dp, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("layout", ["bytes-little", "bytes-big", "v2-plain", "detector-chunks"])
+def test_dask_example_reads_uncompressed_stores_as_zarr_python_does(tmp_path, layout):
+    """The example reads a tile that is one chunk stored as its bytes (a
+    mount's `data.zarr`) from the store itself. Stores that zarr-python
+    writes uncompressed, with edge chunks, chunks never written (their
+    fill value) and either byte order, and those it must read through
+    zarr-python (Zarr v2, chunks smaller than a frame) give numpy's sums,
+    bright field and pattern of the same array."""
+    sys.path.insert(0, str(REPO / "examples"))
+    from dask_virtual_images import stored_as_bytes, virtual_images
+
+    rng = np.random.default_rng(11)
+    array = rng.integers(0, 900, size=(10, 7, 5, 6), dtype=np.uint16)
+    array[4:8] = 3  # two chunks of rows, all fill value: never written
+    store = tmp_path / "plain.zarr"
+    if layout == "v2-plain":
+        z = zarr.open_array(str(store), mode="w", zarr_format=2, shape=array.shape,
+                            chunks=(4, 3, 5, 6), dtype=array.dtype, compressor=None, fill_value=3)
+    else:
+        z = zarr.create_array(
+            str(store), shape=array.shape, dtype=array.dtype, fill_value=3, compressors=None,
+            chunks=(4, 3, 5, 3) if layout == "detector-chunks" else (4, 3, 5, 6),
+            serializer=zarr.codecs.BytesCodec(endian="big" if layout == "bytes-big" else "little"))
+    z[:] = array
+    source = zarr.open_array(str(store), mode="r")
+    assert stored_as_bytes(source) == layout.startswith("bytes"), layout
+    if layout.startswith("bytes"):
+        # 3 x 3 chunks, of which the 3 of rows 4-7 hold only the fill value.
+        assert sum(p.is_file() for p in (store / "c").rglob("*")) == 6
+    valid = np.ones(array.shape[2:], bool)
+    valid[0, 1] = False
+    bf = np.zeros(array.shape[2:], bool)
+    bf[1:4, 2:5] = True
+    found = virtual_images(source, valid, bf, pattern=True)
+    wide = array.astype(np.uint64)
+    assert np.array_equal(found["sum"], (wide * valid).sum(axis=(2, 3)))
+    assert np.array_equal(found["bf"], (wide * (bf & valid)).sum(axis=(2, 3)))
+    assert np.array_equal(found["pattern"], wide.sum(axis=(0, 1)))
