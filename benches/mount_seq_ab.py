@@ -16,75 +16,39 @@ read's time (from the page cache). Alternating the builds puts them in
 the same minutes of a shared host. Needs root and /dev/fuse.
 """
 
-import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
-from multiprocessing import Pool
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def read_all(path):
-    with open(path, "rb", buffering=0) as f:
-        while f.read(4 << 20):
-            pass
-
-
-def read_files(paths):
-    for p in paths:
-        read_all(p)
-
-
-def read_chunks(array: Path):
-    """Every chunk file of `array` read by 2 processes, alternate chunks
-    each, in the grid's order ("10.0.0.0" after "2.0.0.0")."""
-    chunks = sorted(array.glob("[0-9]*"), key=lambda c: tuple(int(i) for i in c.name.split(".")))
-    with Pool(2) as pool:
-        pool.map(read_files, [chunks[0::2], chunks[1::2]])
+from zarr_view import Mount, grid_position, read_files, read_halves  # noqa: E402
 
 
 def one(binary, src, chunks):
-    mnt = tempfile.mkdtemp(prefix="qemfs-seq-ab-")
-    subprocess.run([binary, "mount", src, mnt, "--cache-size", "256"], check=True)
+    m = Mount(Path(src), 256, Path(binary))
     try:
-        pid = int(os.getxattr(mnt, "user.qemfs.pid"))
-
-        def stat():
-            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-
-        def cpu():
-            fields = stat()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-        def hwm_mib():
-            for line in open(f"/proc/{pid}/status"):
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-            return float("nan")
-
-        container = Path(mnt) / "scan.qem"
+        container = m.mnt / "scan.qem"
         data = container / "data.npy"
         if chunks:
-            (container / "data.zarr" / "data").is_dir()  # listed before the clock starts
-        c, faults, t = cpu(), int(stat()[7]), time.perf_counter()
+            # Listed before the clock starts.
+            array = sorted((container / "data.zarr" / "data").glob("[0-9]*"), key=grid_position)
+        c, faults, loads, t = m.cpu_s(), m.minor_faults(), m.loads(), time.perf_counter()
         if chunks:
-            read_chunks(container / "data.zarr" / "data")
+            read_halves(array)
         else:
-            read_all(data)
-        cold, daemon, faults = time.perf_counter() - t, cpu() - c, int(stat()[7]) - faults
-        loads = json.loads(os.getxattr(mnt, "user.qemfs.cache"))["loads"]
+            read_files([data])
+        cold = time.perf_counter() - t
+        daemon, faults, loads = m.cpu_s() - c, m.minor_faults() - faults, m.loads() - loads
         again = None
         if not chunks:
             t = time.perf_counter()
-            read_all(data)
+            read_files([data])
             again = time.perf_counter() - t
-        rss = hwm_mib()
+        return cold, daemon, faults, m.hwm_mib(), loads, again
     finally:
-        subprocess.run(["umount", mnt], check=False)
-        os.rmdir(mnt)
-    return cold, daemon, faults, rss, loads, again
+        m.close()
 
 
 def main():

@@ -25,8 +25,7 @@ cores vary by 10-20%):
    while the other waits for the mount) both that plain sum and the example's
    exact sum (uint32 accumulation where pixels x the dtype's maximum fits,
    widened to uint64, each task reading and summing up to 128 MiB of
-   whole chunks), which
-   must equal it; and, on that cluster, Dask's
+   whole chunks), which must equal it; and, on that cluster, Dask's
    floor: the exact sum over a plain copy of `data.zarr` in the page
    cache, no decoding and no FUSE (what Dask and zarr-python cost by
    themselves: about the least the sum through the mount could take, where
@@ -131,9 +130,12 @@ def chunk_read(src: Path, cache_mib: int):
 
 
 class Mount:
-    def __init__(self, src: Path, cache_mib: int):
+    def __init__(self, src: Path, cache_mib: int, qemfs: Path | None = None):
+        """`src` mounted afresh by `qemfs` (the build under test unless
+        given)."""
+        self.qemfs = qemfs or BIN / "qemfs"
         self.mnt = Path(tempfile.mkdtemp(prefix="qemfs-bench-"))
-        subprocess.run([BIN / "qemfs", "mount", src, self.mnt, "--cache-size", str(cache_mib)],
+        subprocess.run([self.qemfs, "mount", src, self.mnt, "--cache-size", str(cache_mib)],
                        check=True, env=START_ENV)
         self.pid = int(os.getxattr(self.mnt, "user.qemfs.pid"))  # the daemon names itself
 
@@ -165,7 +167,7 @@ class Mount:
         return json.loads(os.getxattr(self.mnt, "user.qemfs.cache"))["loads"]
 
     def close(self):
-        subprocess.run([BIN / "qemfs", "unmount", self.mnt], check=False)
+        subprocess.run([self.qemfs, "unmount", self.mnt], check=False)
         shutil.rmtree(self.mnt, ignore_errors=True)
 
 

@@ -616,7 +616,7 @@ impl QemView {
 /// free buffers are kept, so memory stays within the cache's budget plus
 /// that.
 struct Recycler {
-    handed: Mutex<std::collections::VecDeque<Arc<BlockBuf>>>,
+    handed: Mutex<VecDeque<Arc<BlockBuf>>>,
 }
 
 /// Windows read whole that a view remembers not to prefetch (see
@@ -685,7 +685,7 @@ const SPARE_BYTES: usize = 64 << 20;
 
 /// One list for the process: the cache of a mount is shared by its files.
 static RECYCLED: Recycler = Recycler {
-    handed: Mutex::new(std::collections::VecDeque::new()),
+    handed: Mutex::new(VecDeque::new()),
 };
 
 impl Recycler {
@@ -1154,7 +1154,7 @@ mod tests {
 
     fn recycler() -> Recycler {
         Recycler {
-            handed: Mutex::new(std::collections::VecDeque::new()),
+            handed: Mutex::new(VecDeque::new()),
         }
     }
 
