@@ -48,6 +48,7 @@ pub(crate) mod python_json;
 pub mod qem;
 pub mod reduce;
 pub mod regular_file;
+pub mod remote;
 pub mod semq;
 pub mod signals;
 pub mod sums;

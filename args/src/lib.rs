@@ -11,3 +11,4 @@ pub mod detector;
 pub mod gpu;
 #[cfg(feature = "man")]
 pub mod man;
+pub mod remote;

@@ -23,6 +23,17 @@ Examples:
   qem convert scan.zarr scan.qem
   qem ls scan.qem virtual
   qem cat scan.qem virtual/sum.npy > sum.npy
+  qem show s3://lab/2026/scan.qem             # fetches the header alone
+  qem validate --endpoint-url http://127.0.0.1:9000 s3://lab/scan.qem
+  qem hash https://data.example.org/scan.qem
+
+Remote sources: a .qem or .semq input may be an s3://BUCKET/KEY or
+http(s):// URL; only the ranges an answer needs are fetched (the header,
+then whole 64 MiB checksum blocks), each pinned to the version opened. S3
+credentials and endpoint come the AWS way (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL_S3
+or AWS_ENDPOINT_URL, AWS_PROFILE and ~/.aws/{credentials,config}), under
+--endpoint-url, --region and --no-sign-request.
 
 Memory: whatever size a file declares, validate, hash, cat and convert hold
 at most about 256 MiB of decoded frames per file, plus 20 bytes per detector
@@ -47,6 +58,8 @@ Exit status: 0 ok / same, 1 files differ, 2 error or invalid input.";
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub remote: qemfs_args::remote::RemoteArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -54,17 +67,20 @@ pub enum Command {
     /// Print codec, dtypes, shape, chunks, sizes, compression and calibration
     #[command(after_help = "Examples:
   qem show scan.qem
-  qem show --json scan.qem              # header and summary, for jq or Python")]
+  qem show --json scan.qem              # header and summary, for jq or Python
+  qem show s3://lab/scan.qem            # fetches the header alone")]
     Show(ShowArgs),
     /// Check files: decode everything, verify checksums and the spatial index
     #[command(after_help = "Examples:
   qem validate *.qem                    # exit 2 names the first bad file and why
-  qem validate --quick big.qem          # structure and body checksums, no decoding")]
+  qem validate --quick big.qem          # structure and body checksums, no decoding
+  qem validate --endpoint-url http://127.0.0.1:9000 s3://lab/scan.qem")]
     Validate(ValidateArgs),
     /// SHA-256 of the decoded array (or of the file bytes), like sha256sum
     #[command(after_help = "Examples:
   qem hash a.qem b.qem                  # equal hashes = same measurements
-  qem hash --file a.qem                 # the bytes, as sha256sum prints them")]
+  qem hash --file a.qem                 # the bytes, as sha256sum prints them
+  qem hash https://data.example.org/scan.qem")]
     Hash(HashArgs),
     /// Compare two acquisitions: shape, dtype, codec, metadata, measurements
     #[command(after_help = "Examples:
@@ -99,7 +115,8 @@ pub enum Command {
     #[command(after_help = "Examples:
   qem cat scan.qem virtual/bf.npy > bf.npy
   qem cat scan.qem frames/3/17.npy > frame.npy
-  qem cat scan.qem info.json")]
+  qem cat scan.qem info.json
+  qem cat s3://lab/scan.qem virtual/bf.npy > bf.npy")]
     Cat(CatArgs),
     /// Print a shell completion script
     #[command(after_help = "Examples:

@@ -18,6 +18,14 @@ Examples:
   semq diff old.semq new.semq --floor floor.json     # exit 1 when the rebuild drifted
   semq encode --op quant --dim 384 --bins 4 --vectors v.npy --ids ids.txt out.semq
   semq hash *.semq > SUMS && semq hash --check SUMS
+  semq diff s3://models/old.semq new.semq --floor floor.json
+  semq show --no-sign-request s3://public-models/model.semq
+
+Remote sources: a file may be an s3://BUCKET/KEY or http(s):// URL. S3
+credentials and endpoint come the AWS way (AWS_ACCESS_KEY_ID,
+AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, AWS_ENDPOINT_URL_S3
+or AWS_ENDPOINT_URL, AWS_PROFILE and ~/.aws/{credentials,config}), under
+--endpoint-url, --region and --no-sign-request.
 
 Outputs appear whole or not at all. A run stopped by Ctrl-C, kill or a
 closed terminal removes its unfinished outputs, then ends with that
@@ -38,6 +46,8 @@ Exit status: 0 ok / same / gate passed, 1 gate failed or files differ, 2 error."
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    #[command(flatten)]
+    pub remote: qemfs_args::remote::RemoteArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -51,7 +61,8 @@ pub enum Command {
     #[command(after_help = "Examples:
   semq diff old.semq new.semq --json
   semq diff old.semq new.semq --floor floor.json     # exit 1 when the rebuild drifted
-  semq diff old.semq new.semq --floor floor.json --per-row")]
+  semq diff old.semq new.semq --floor floor.json --per-row
+  semq diff s3://models/old.semq new.semq --floor floor.json")]
     Diff(DiffArgs),
     /// Measure a floor from null rebuilds of the reference (prints JSON)
     #[command(after_help = "Examples:

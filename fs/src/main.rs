@@ -232,6 +232,13 @@ struct Checked {
 fn preflight(args: &MountArgs) -> Result<Checked, String> {
     let src = &args.source;
     let shown = src.display();
+    if qemfs::remote::Address::of_path(src).is_some() {
+        // `qem` and `semq` read URLs; the mount's tree of one does not yet.
+        return Err(format!(
+            "{shown}: mounting s3:// or http(s):// sources is not supported yet; \
+             `qem ls` and `qem cat` show the same tree of a URL"
+        ));
+    }
     match std::fs::metadata(src) {
         Ok(m) if m.is_dir() => {}
         Ok(m) if m.is_file() => {

@@ -29,7 +29,25 @@ pub enum SourceFormat {
 const SNIFF: usize = 512;
 
 /// The format of the file at `path`, from its content.
+///
+/// A URL is read by ranges, and only a `.qem` object is taken: the other
+/// formats' readers read local files.
 pub fn detect(path: &Path) -> Result<SourceFormat, ConvertError> {
+    if let Some(address) = crate::remote::Address::of_path(path) {
+        let head = address
+            .and_then(|a| {
+                let object = crate::remote::Object::open(&a)?;
+                object.read(0..object.size().min(SNIFF as u64))
+            })
+            .map_err(|e| ConvertError::io(path, e.into_io()))?;
+        return match recognise(&head) {
+            SourceFormat::Qem => Ok(SourceFormat::Qem),
+            _ => Err(ConvertError::input(
+                path,
+                "a remote input converts when it is a .qem file; download other formats first",
+            )),
+        };
+    }
     if path.is_dir() {
         return Ok(SourceFormat::Zarr);
     }

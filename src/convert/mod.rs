@@ -236,6 +236,12 @@ pub fn convert(
     options: &Options,
     monitor: &mut dyn Monitor,
 ) -> Result<Converted, ConvertError> {
+    if crate::remote::Address::of_path(output).is_some() {
+        return Err(ConvertError::input(
+            output,
+            "writing to s3:// or http(s):// is not supported yet; write a local file and upload it",
+        ));
+    }
     let Some(sink_format) = SinkFormat::from_path(output) else {
         return Err(ConvertError::input(
             output,

@@ -29,9 +29,22 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
 }
 
 /// SHA-256 of a file's bytes as lowercase hex, read in 1 MiB pieces (for
-/// `sha256` files and `qem hash --file`, on files of any size).
+/// `sha256` files and `qem hash --file`, on files of any size). A URL is
+/// read by ranges, in order, none of it kept.
 pub fn sha256_file_hex(path: &std::path::Path) -> std::io::Result<String> {
     use std::io::Read;
+    if let Some(address) = crate::remote::Address::of_path(path) {
+        let object = crate::remote::Object::open(&address.map_err(|e| e.into_io())?)
+            .map_err(|e| e.into_io())?;
+        let mut hasher = Sha256::new();
+        object
+            .read_parts(std::iter::once(0..object.size()), |_, bytes| {
+                hasher.update(&bytes);
+                Ok(())
+            })
+            .map_err(|e| e.into_io())?;
+        return Ok(hex(&hasher.finalize()));
+    }
     let mut file = crate::regular_file::open(path)?;
     let mut hasher = Sha256::new();
     let mut buffer = vec![0u8; 1 << 20];

@@ -11,11 +11,12 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use crate::mapguard::Mapping;
+use crate::remote::{Address, Staged};
 use rayon::prelude::*;
 use sha2::{Digest, Sha256};
 
 use super::block::Output;
-use super::checksum::{hex, BodyIntegrity};
+use super::checksum::{hex, BodyIntegrity, CHECKSUM_BLOCK};
 use super::envelope::Envelope;
 use super::error::{QemError, Result, StreamFault, StreamSite};
 use super::header::{Codec, Dtype, Header, ValidMask};
@@ -33,6 +34,8 @@ enum Source {
     /// A mapped file, and its (device, inode) when opened.
     Mapped(Arc<Mapping>, (u64, u64)),
     Owned(Arc<Vec<u8>>),
+    /// A remote object, fetched by ranges as they are first checked.
+    Staged(Arc<Staged>),
 }
 
 impl Source {
@@ -40,6 +43,7 @@ impl Source {
         match self {
             Source::Mapped(m, _) => m.faults(),
             Source::Owned(_) => 0,
+            Source::Staged(s) => s.mapping().faults(),
         }
     }
 
@@ -47,12 +51,26 @@ impl Source {
         match self {
             Source::Mapped(m, _) => m.changed(),
             Source::Owned(_) => false,
+            Source::Staged(s) => s.mapping().changed(),
         }
     }
 
     fn release_pages(&self) {
-        if let Source::Mapped(m, _) = self {
-            m.release_pages();
+        match self {
+            Source::Mapped(m, _) => m.release_pages(),
+            Source::Staged(s) => s.mapping().release_pages(),
+            Source::Owned(_) => {}
+        }
+    }
+
+    /// Makes the file's bytes of `range` readable: fetches them, for a
+    /// remote object; nothing for the others, which are here whole.
+    fn ensure(&self, range: Range<usize>) -> Result<()> {
+        match self {
+            Source::Staged(s) => s
+                .ensure(range.start as u64..range.end as u64)
+                .map_err(|e| QemError::from(e.into_io())),
+            _ => Ok(()),
         }
     }
 
@@ -60,9 +78,14 @@ impl Source {
         match self {
             Source::Mapped(m, _) => &m[..],
             Source::Owned(v) => &v[..],
+            Source::Staged(s) => s.bytes(),
         }
     }
 }
+
+/// Bytes of a remote object fetched first when it is opened: the envelope
+/// and, for all but the largest scans, the whole header.
+pub const HEADER_GUESS: u64 = 1 << 20;
 
 /// A structural fault of a chunk's tables, remembered once found.
 #[derive(Debug, Clone)]
@@ -159,7 +182,16 @@ pub(super) fn block_streams(codec: Codec, pixels: usize, block_in_chunk: usize) 
 impl QemFile {
     /// Opens and memory-maps `path` (a regular file only: see
     /// [`crate::regular_file`]), checking everything but the body.
+    ///
+    /// A path whose text is a URL (`s3://BUCKET/KEY`, `http://`,
+    /// `https://`: see [`Address::parse`]) opens that object instead,
+    /// fetching only its header ([`QemFile::open_remote`]).
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        match Address::of_path(path.as_ref()) {
+            Some(Ok(address)) => return Self::open_remote(&address),
+            Some(Err(e)) => return Err(e.into_io().into()),
+            None => {}
+        }
         let file = crate::regular_file::open(path.as_ref())?;
         // A file truncated by another process while mapped faults on
         // access: `mapguard` (when installed) turns that into zeros and a
@@ -170,6 +202,38 @@ impl QemFile {
             Arc::new(Mapping::map(&file)?),
             (meta.dev(), meta.ino()),
         ))
+    }
+
+    /// Opens a remote object, fetching its envelope and header only (one
+    /// ranged request of [`HEADER_GUESS`] bytes, and one more for the rest
+    /// of a longer header); body bytes are fetched by checksum block as
+    /// they are first checked, and held on local disk (see
+    /// [`crate::remote::Staged`]).
+    pub fn open_remote(address: &Address) -> Result<Self> {
+        let remote = |e: crate::remote::RemoteError| QemError::from(e.into_io());
+        let staged = Staged::open(address).map_err(remote)?;
+        let size = staged.object().size();
+        staged.ensure(0..HEADER_GUESS).map_err(remote)?;
+        let bytes = staged.bytes();
+        if let Some(n) = bytes.get(8..16) {
+            let n = u64::from_le_bytes(n.try_into().unwrap_or([0; 8]));
+            // A length past the format's ceiling is refused by the envelope
+            // check, before any of it is fetched.
+            if n <= super::envelope::MAX_HEADER_BYTES {
+                let body_start = n + super::envelope::ENVELOPE_BYTES as u64;
+                staged.ensure(0..body_start.min(size)).map_err(remote)?;
+            }
+        }
+        Self::from_source(Source::Staged(Arc::new(staged)))
+    }
+
+    /// Bytes fetched from a remote object so far and the requests that
+    /// fetched them; `None` for a local file.
+    pub fn remote_fetched(&self) -> Option<(u64, u64)> {
+        match &self.source {
+            Source::Staged(s) => Some(s.fetched()),
+            _ => None,
+        }
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).
@@ -309,12 +373,13 @@ impl QemFile {
     /// (bytes past a new end inside the last page read as zeros, with no
     /// fault to count).
     pub fn file_sha256_hex(&self, path: &Path) -> Option<String> {
+        self.source.ensure(0..self.file_bytes()).ok()?;
         let before = self.faults();
         let digest = hex(&Sha256::digest(self.source.bytes()));
         let shorter = match &self.source {
             Source::Mapped(_, id) => std::fs::metadata(path)
                 .is_ok_and(|m| (m.dev(), m.ino()) == *id && m.len() < self.file_bytes() as u64),
-            Source::Owned(_) => false,
+            Source::Owned(_) | Source::Staged(_) => false,
         };
         (self.faults() == before && !shorter).then_some(digest)
     }
@@ -343,6 +408,16 @@ impl QemFile {
         if self.source.changed() {
             return Err(QemError::Changed);
         }
+        if !range.is_empty() {
+            // Whole checksum blocks: nothing of a block is exposed before
+            // all of it is hashed.
+            let body_len = self.body_bytes();
+            let start = range.start / CHECKSUM_BLOCK * CHECKSUM_BLOCK;
+            let end = range.end.div_ceil(CHECKSUM_BLOCK) * CHECKSUM_BLOCK;
+            let at = self.envelope.body_start;
+            self.source
+                .ensure(at + start.min(body_len)..at + end.min(body_len))?;
+        }
         let body = self.body();
         self.integrity.ensure(body, range.clone())?;
         body.get(range)
@@ -357,6 +432,8 @@ impl QemFile {
 
     /// Verifies every body checksum block (in parallel).
     pub fn verify_body(&self) -> Result<()> {
+        self.source
+            .ensure(self.envelope.body_start..self.file_bytes())?;
         self.integrity.ensure_all(self.body())
     }
 

@@ -56,6 +56,16 @@ impl Encoding {
             path: path.to_path_buf(),
             source,
         };
+        // A state is verified whole before any of it is shown: a remote
+        // one is staged whole, then mapped as a local file is.
+        if let Some(address) = crate::remote::Address::of_path(path) {
+            let remote = |e: crate::remote::RemoteError| io(e.into_io());
+            let staged = crate::remote::Staged::open(&address.map_err(remote)?).map_err(remote)?;
+            staged.ensure_all().map_err(remote)?;
+            let map = crate::mapguard::Mapping::map(staged.file()).map_err(io)?;
+            framing(&map)?;
+            return verified(Image::Mapped(map), progress);
+        }
         let mut file = crate::regular_file::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len < MAP_THRESHOLD {

@@ -382,21 +382,35 @@ impl Tree {
 
     /// Opens one container file as a directory (for `qem ls`/`qem cat`);
     /// unlike a mounted folder, a file that cannot be read is an error.
+    ///
+    /// `source` may be a URL (`s3://`, `http(s)://`: see
+    /// [`crate::remote::Address`]); its object is read by ranges.
     pub fn open_container(&self, source: &Path) -> Result<Arc<dyn Directory>, TreeError> {
-        let meta = fs::metadata(source).map_err(|e| TreeError::Io {
-            path: source.to_path_buf(),
-            reason: e.to_string(),
-        })?;
-        if !meta.is_file() {
-            return Err(TreeError::Io {
-                path: source.to_path_buf(),
-                reason: "not a regular file".into(),
-            });
-        }
-        let name = source
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+        let name = match crate::remote::Address::of_path(source) {
+            Some(address) => address
+                .map_err(|e| TreeError::Io {
+                    path: source.to_path_buf(),
+                    reason: e.to_string(),
+                })?
+                .file_name()
+                .to_string(),
+            None => {
+                let meta = fs::metadata(source).map_err(|e| TreeError::Io {
+                    path: source.to_path_buf(),
+                    reason: e.to_string(),
+                })?;
+                if !meta.is_file() {
+                    return Err(TreeError::Io {
+                        path: source.to_path_buf(),
+                        reason: "not a regular file".into(),
+                    });
+                }
+                source
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            }
+        };
         let format = format_of(&name).ok_or_else(|| TreeError::Io {
             path: source.to_path_buf(),
             reason: "not a .qem or .semq file".into(),

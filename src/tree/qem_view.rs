@@ -965,10 +965,14 @@ pub fn directory(
     let file = &view.file;
     let shape = file.shape();
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
-    entries.insert(
-        "raw.qem".into(),
-        Entry::File(Arc::new(Passthrough::new(source, file.file_bytes() as u64))),
-    );
+    // The file as stored, for a local source only: a remote object is read
+    // where it is (`qem hash --file` and `sha256` give its identity).
+    if crate::remote::Address::of_path(source).is_none() {
+        entries.insert(
+            "raw.qem".into(),
+            Entry::File(Arc::new(Passthrough::new(source, file.file_bytes() as u64))),
+        );
+    }
     // The two documents that hold the whole header are written from its
     // text when read, and held in the budget; their sizes are found now by
     // writing them to a counter. The header is never parsed into a tree

@@ -110,10 +110,13 @@ pub fn directory(source: &Path, e: Encoding) -> Result<Arc<dyn Directory>, TreeE
     let opened = e.clone();
     let mut entries: BTreeMap<String, Entry> = BTreeMap::new();
     let file = |c: Arc<dyn Content>| Entry::File(c);
-    entries.insert(
-        "raw.semq".into(),
-        file(Arc::new(Passthrough::new(source, e.image().len() as u64))),
-    );
+    // The file as stored, for a local source only (see qem_view).
+    if crate::remote::Address::of_path(source).is_none() {
+        entries.insert(
+            "raw.semq".into(),
+            file(Arc::new(Passthrough::new(source, e.image().len() as u64))),
+        );
+    }
     entries.insert(
         "info.json".into(),
         file(Arc::new(Bytes::new(show_json(&e)))),

@@ -33,6 +33,19 @@ pub struct Origin {
 }
 
 impl Origin {
+    /// A remote object's: readable by this process's user alone, as a
+    /// file downloaded would be; `mtime` as the caller knows it.
+    pub fn remote(mtime: SystemTime) -> Origin {
+        // SAFETY: getuid and getgid cannot fail and touch no memory.
+        let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+        Origin {
+            mtime,
+            mode: 0o400,
+            uid,
+            gid,
+        }
+    }
+
     pub fn of(meta: &Metadata) -> Origin {
         Origin {
             mtime: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),

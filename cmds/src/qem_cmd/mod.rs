@@ -14,6 +14,7 @@ pub fn run(cli: Cli) -> Result<u8, Failure> {
     // A mapped input truncated by another process reads as zeros instead
     // of killing us; `exit::finish` and every published output then fail.
     qemfs::mapguard::install_strict();
+    cli.remote.apply();
     // Named if the run runs out of memory; validate and hash name each
     // file while they work on it.
     let _working: Vec<_> = match &cli.command {

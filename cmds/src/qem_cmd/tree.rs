@@ -12,11 +12,13 @@ use qemfs_args::gpu::GpuArgs;
 
 /// Resolves `path` inside the container of `file`.
 fn resolve(tree: &Tree, file: &std::path::Path, path: &str) -> Result<Node, Failure> {
-    let meta = std::fs::metadata(file).map_err(|e| Failure::file(file, e.to_string()))?;
-    let mut node = Node::Dir(
-        tree.open_container(file).map_err(Failure::plain)?,
-        Origin::of(&meta),
-    );
+    let origin = match qemfs::remote::Address::of_path(file) {
+        Some(_) => Origin::remote(std::time::SystemTime::now()),
+        None => {
+            Origin::of(&std::fs::metadata(file).map_err(|e| Failure::file(file, e.to_string()))?)
+        }
+    };
+    let mut node = Node::Dir(tree.open_container(file).map_err(Failure::plain)?, origin);
     for part in path.split('/').filter(|p| !p.is_empty() && *p != ".") {
         node = tree
             .child(&node, part)

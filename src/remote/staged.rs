@@ -1,0 +1,148 @@
+//! A remote object's bytes staged locally by ranges, and mapped.
+//!
+//! The readers of both formats address a file as one slice and check
+//! every byte before they use it (the `.qem` body by 64 MiB checksum block,
+//! a `.semq` whole). A staged object is an unlinked local file of the
+//! object's size, sparse until read: [`Staged::ensure`] fetches the pieces
+//! of a range not yet here, writes them into the file and only then marks
+//! them present, so a reader that ensures a range before it touches it
+//! reads the object's bytes and nothing else. Fetched bytes live in the
+//! page cache of that file, which the kernel reclaims under pressure (they
+//! are clean: written back to the local disk, not held in memory).
+
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::address::Address;
+use super::error::RemoteError;
+use super::object::Object;
+use crate::mapguard::Mapping;
+
+/// What is fetched at least at once: a reader's ranges are widened to
+/// whole pieces, and presence is kept per piece.
+pub const PIECE_BYTES: u64 = 1 << 20;
+
+/// An object being staged.
+pub struct Staged {
+    object: Object,
+    file: File,
+    mapping: Mapping,
+    /// One flag per piece; the lock is held while a range is fetched, so
+    /// that two readers of one piece fetch it once.
+    present: Mutex<Vec<bool>>,
+    fetched: AtomicU64,
+    requests: AtomicU64,
+}
+
+impl std::fmt::Debug for Staged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Staged")
+            .field("object", &self.object)
+            .field("fetched", &self.fetched)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Staged {
+    /// Opens `address` (one HEAD request) and makes its local file; no
+    /// byte of the object is fetched yet.
+    pub fn open(address: &Address) -> Result<Staged, RemoteError> {
+        let object = Object::open(address)?;
+        let local = |source| RemoteError::Local {
+            url: object.url().to_string(),
+            source,
+        };
+        let file = tempfile::tempfile().map_err(local)?;
+        file.set_len(object.size()).map_err(local)?;
+        let mapping = Mapping::map(&file).map_err(local)?;
+        let pieces = object.size().div_ceil(PIECE_BYTES);
+        let pieces = usize::try_from(pieces).map_err(|_| RemoteError::Request {
+            url: object.url().to_string(),
+            reason: format!("{} bytes: too large to address", object.size()),
+        })?;
+        Ok(Staged {
+            object,
+            file,
+            mapping,
+            present: Mutex::new(vec![false; pieces]),
+            fetched: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    pub fn object(&self) -> &Object {
+        &self.object
+    }
+
+    /// The object's bytes as a slice, valid where [`Staged::ensure`] has
+    /// returned `Ok` (zeros elsewhere).
+    pub fn bytes(&self) -> &[u8] {
+        &self.mapping
+    }
+
+    /// The mapping (its page-cache pages can be let go of).
+    pub fn mapping(&self) -> &Mapping {
+        &self.mapping
+    }
+
+    /// The staged local file, for a reader that maps it itself.
+    pub fn file(&self) -> &File {
+        &self.file
+    }
+
+    /// Bytes fetched so far, and the requests that fetched them.
+    pub fn fetched(&self) -> (u64, u64) {
+        (
+            self.fetched.load(Ordering::Relaxed),
+            self.requests.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Makes the bytes of `range` (clamped to the object) present: the
+    /// pieces not yet here are fetched, contiguous ones together.
+    pub fn ensure(&self, range: Range<u64>) -> Result<(), RemoteError> {
+        let size = self.object.size();
+        let range = range.start.min(size)..range.end.min(size);
+        if range.is_empty() {
+            return Ok(());
+        }
+        let first = (range.start / PIECE_BYTES) as usize;
+        let last = ((range.end - 1) / PIECE_BYTES) as usize;
+        let mut present = self.present.lock().unwrap_or_else(|e| e.into_inner());
+        let mut runs: Vec<Range<usize>> = Vec::new();
+        for p in first..=last {
+            if present[p] {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.end == p => run.end = p + 1,
+                _ => runs.push(p..p + 1),
+            }
+        }
+        if runs.is_empty() {
+            return Ok(());
+        }
+        let bytes: Vec<Range<u64>> = runs
+            .iter()
+            .map(|r| r.start as u64 * PIECE_BYTES..(r.end as u64 * PIECE_BYTES).min(size))
+            .collect();
+        self.object.read_parts(bytes, |part, data| {
+            self.file.write_all_at(&data, part.start)?;
+            self.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
+            self.requests.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        })?;
+        for run in runs {
+            present[run].fill(true);
+        }
+        Ok(())
+    }
+
+    /// Makes the whole object present.
+    pub fn ensure_all(&self) -> Result<(), RemoteError> {
+        self.ensure(0..self.object.size())
+    }
+}

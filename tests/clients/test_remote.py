@@ -1,0 +1,505 @@
+"""Remote sources: `qem` and `semq` read `s3://` and `http(s)://` inputs,
+fetching only what each answer needs, against real servers started here on
+127.0.0.1 (never any other address):
+
+- S3: moto's server (`moto_server`), with IAM authentication for the
+  credential cases;
+- HTTP with Range: RangeHTTPServer's handler, counting what it serves and
+  able to fail, cut short or replace its file on cue;
+- HTTP without Range: Python's own `http.server`.
+
+Every output is compared with the same command on the local copy.
+"""
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from RangeHTTPServer import RangeRequestHandler
+
+from conftest import REPO, qem_from_array, run
+
+EXAMPLES = REPO / "examples" / "data"
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((LOOPBACK, 0))
+        return s.getsockname()[1]
+
+
+def server_process(args, env=None):
+    """A server started as its own process, its log in a file (a pipe
+    nobody reads would fill and stop the server), and the port it was told."""
+    port = free_port()
+    log = open(f"/tmp/qemfs-test-server-{port}.log", "w+b")
+    proc = subprocess.Popen([*map(str, args(port))], stdout=log, stderr=subprocess.STDOUT, env=env)
+    proc.log = log
+    wait_for_port(port, proc)
+    return proc, port
+
+
+def stop(proc):
+    proc.terminate()
+    proc.wait(10)
+    proc.log.close()
+    os.unlink(proc.log.name)
+
+
+def wait_for_port(port: int, proc=None, seconds=30.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            proc.log.seek(0)
+            raise AssertionError(f"the server exited {proc.returncode}: {proc.log.read().decode(errors='replace')}")
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {LOOPBACK}:{port} after {seconds} s")
+
+
+class Served:
+    """What the counting server saw, and what it is told to do."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.bytes = 0
+            self.requests = []
+            self.fail_next = 0
+            self.cut_next = 0
+            self.replace_after = None
+
+    def total(self, name):
+        with self.lock:
+            return sum(n for (method, path, n) in self.requests if path.endswith(name))
+
+    def count(self, name):
+        with self.lock:
+            return len([r for r in self.requests if r[1].endswith(name)])
+
+
+def counting_handler(served: Served):
+    class Handler(RangeRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(served.root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+        def send_head(self):
+            with served.lock:
+                fail = served.fail_next > 0
+                if fail:
+                    served.fail_next -= 1
+            if fail:
+                self.send_error(503, "Slow down")
+                return None
+            return super().send_head()
+
+        def do_HEAD(self):
+            with served.lock:
+                served.requests.append(("HEAD", self.path, 0))
+            super().do_HEAD()
+
+        def copyfile(self, source, outputfile):
+            class Counting:
+                def __init__(self):
+                    self.n = 0
+
+                def write(self, data):
+                    with served.lock:
+                        limit = served.cut_next
+                    if limit and self.n + len(data) > limit:
+                        outputfile.write(data[: limit - self.n])
+                        self.n = limit
+                        raise ConnectionAbortedError("cut short on purpose")
+                    outputfile.write(data)
+                    self.n += len(data)
+
+            counting = Counting()
+            try:
+                super().copyfile(source, counting)
+            finally:
+                with served.lock:
+                    served.bytes += counting.n
+                    served.requests.append(("GET", self.path, counting.n))
+                    if counting.n and served.cut_next:
+                        served.cut_next = 0
+                        self.close_connection = True
+                    replace = served.replace_after
+                    if replace and replace[0] == len([r for r in served.requests if r[0] == "GET"]):
+                        served.replace_after = None
+                        replace[1]()
+
+    return Handler
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The bundled examples and one acquisition whose body is larger than
+    the first range a remote open fetches (1 MiB)."""
+    root = tmp_path_factory.mktemp("served")
+    for f in EXAMPLES.iterdir():
+        shutil.copy(f, root / f.name)
+    rng = np.random.default_rng(46)
+    counts = rng.poisson(3.0, size=(32, 32, 96, 96)).astype(np.uint16)
+    (root / "work").mkdir()
+    made = qem_from_array(root / "work", counts, "large.qem")
+    shutil.move(made, root / "large.qem")
+    shutil.rmtree(root / "work")
+    assert (root / "large.qem").stat().st_size > 3 << 20
+    return root
+
+
+@pytest.fixture(scope="module")
+def http_range(files):
+    served = Served(files)
+    server = http.server.ThreadingHTTPServer((LOOPBACK, 0), counting_handler(served))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    served.url = f"http://{LOOPBACK}:{server.server_address[1]}"
+    yield served
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def http_plain(files):
+    """Python's `http.server`, which answers every GET with the whole file."""
+    proc, port = server_process(
+        lambda port: [sys.executable, "-m", "http.server", port, "--bind", LOOPBACK, "--directory", files]
+    )
+    yield f"http://{LOOPBACK}:{port}"
+    stop(proc)
+
+
+def moto_server(env_extra=None):
+    exe = Path(sys.executable).parent / "moto_server"
+    if not exe.exists():
+        pytest.fail(f"{exe} is missing: scripts/setup.sh installs moto[server] into .venv")
+    env = dict(os.environ, **(env_extra or {}))
+    proc, port = server_process(lambda port: [exe, "-H", LOOPBACK, "-p", port], env=env)
+    return proc, f"http://{LOOPBACK}:{port}"
+
+
+@pytest.fixture(scope="module")
+def s3(files):
+    """moto's S3 with every file under `lab/acq/`; no authentication."""
+    import boto3
+
+    proc, endpoint = moto_server()
+    client = boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+    )
+    client.create_bucket(Bucket="lab")
+    for f in files.iterdir():
+        client.upload_file(str(f), "lab", f"acq/{f.name}")
+    yield endpoint
+    stop(proc)
+
+
+def s3_env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_REGION="us-east-1")
+    return env
+
+
+def remote_and_local(tool, args, url_of, env=None):
+    """Runs `tool args` with URLs and with the local copies; both outputs,
+    the remote one with its URLs written as the local paths."""
+    remote_args = [url_of(a) if isinstance(a, Path) else a for a in args]
+    remote = run(tool, *remote_args, check=False, env=env)
+    local = run(tool, *args, check=False, env=env)
+    text = remote.stdout.decode()
+    for a, r in zip(args, remote_args):
+        if isinstance(a, Path):
+            text = text.replace(r, str(a))
+    return remote, local, text
+
+
+CASES = [
+    ("qem", ["show", "scan-u16.qem"]),
+    ("qem", ["show", "--json", "large.qem"]),
+    ("qem", ["show", "derived-scaled.qem"]),
+    ("qem", ["validate", "scan-u16.qem", "empad-f32.qem", "derived-scaled.qem", "large.qem"]),
+    ("qem", ["validate", "--quick", "large.qem"]),
+    ("qem", ["hash", "scan-u16.qem", "empad-f32.qem", "large.qem"]),
+    ("qem", ["hash", "--file", "scan-u16.qem", "large.qem"]),
+    ("qem", ["diff", "scan-u16.qem", "large.qem"]),
+    ("qem", ["diff", "--json", "empad-f32.qem", "empad-f32.qem"]),
+    ("semq", ["show", "embeddings.semq"]),
+    ("semq", ["validate", "embeddings.semq"]),
+    ("semq", ["hash", "embeddings.semq"]),
+    ("semq", ["diff", "embeddings.semq", "embeddings.semq"]),
+    ("semq", ["floor", "embeddings.semq", "embeddings.semq", "embeddings.semq", "embeddings.semq"]),
+]
+
+
+@pytest.mark.parametrize("store", ["http", "s3"])
+@pytest.mark.parametrize("tool,args", CASES, ids=[" ".join([t] + a) for t, a in CASES])
+def test_every_output_equals_the_local_files(files, http_range, s3, store, tool, args):
+    if store == "http":
+        url_of = lambda p: f"{http_range.url}/{p.name}"  # noqa: E731
+        flags, env = [], None
+    else:
+        url_of = lambda p: f"s3://lab/acq/{p.name}"  # noqa: E731
+        flags, env = ["--endpoint-url", s3], s3_env()
+    paths = [files / a if a.endswith((".qem", ".semq")) else a for a in args]
+    remote, local, text = remote_and_local(tool, [*paths, *flags], url_of, env=env)
+    assert remote.returncode == local.returncode, remote.stderr.decode()
+    assert local.returncode in (0, 1), local.stderr.decode()
+    assert text == local.stdout.decode()
+    assert remote.stderr == local.stderr
+
+
+def test_qem_show_fetches_the_header_alone(files, http_range):
+    large = files / "large.qem"
+    header_end = 56 + int.from_bytes(large.read_bytes()[8:16], "little")
+    http_range.reset()
+    out = run("qem", "show", f"{http_range.url}/large.qem")
+    assert b"32 x 32 x 96 x 96" in out.stdout
+    fetched = http_range.total("large.qem")
+    requests = http_range.count("large.qem")
+    print(f"qem show: {fetched} of {large.stat().st_size} bytes in {requests} requests")
+    assert fetched <= header_end + (1 << 20)
+    assert fetched < large.stat().st_size / 2
+    assert requests <= 4
+
+
+def test_a_whole_read_fetches_each_byte_once(files, http_range):
+    large = files / "large.qem"
+    http_range.reset()
+    run("qem", "validate", f"{http_range.url}/large.qem")
+    fetched = http_range.total("large.qem")
+    print(f"qem validate: {fetched} bytes fetched for a {large.stat().st_size}-byte file")
+    assert large.stat().st_size <= fetched <= 1.1 * large.stat().st_size
+
+
+def test_a_server_that_ignores_range_is_refused(files, http_plain):
+    for tool, name in [("qem", "large.qem"), ("qem", "scan-u16.qem"), ("semq", "embeddings.semq")]:
+        out = run(tool, "validate", f"{http_plain}/{name}", check=False)
+        assert out.returncode == 2
+        # validate names each file and its verdict on stdout
+        err = out.stdout.decode() + out.stderr.decode()
+        assert f"{http_plain}/{name}" in err
+        assert "does not support Range requests" in err
+
+
+def test_missing_objects_and_buckets_are_named(files, http_range, s3):
+    cases = [
+        (["show", f"{http_range.url}/missing.qem"], "no such object (HTTP 404)"),
+        (["show", "s3://lab/acq/missing.qem", "--endpoint-url", s3], "no such object (HTTP 404)"),
+        (["show", "s3://nobucket/scan.qem", "--endpoint-url", s3], "no such bucket 'nobucket'"),
+        (["show", "s3://lab/acq/", "--endpoint-url", s3], "names a bucket or a prefix"),
+        (["show", "s3:///scan.qem"], "no bucket"),
+        (["hash", "--file", f"{http_range.url}/missing.qem"], "no such object (HTTP 404)"),
+    ]
+    for args, reason in cases:
+        out = run("qem", *args, check=False, env=s3_env())
+        assert out.returncode == 2, args
+        err = out.stderr.decode()
+        assert reason in err, err
+        assert "os error" not in err, err
+    out = run("semq", "show", "s3://nobucket/e.semq", "--endpoint-url", s3, check=False, env=s3_env())
+    assert out.returncode == 2 and "no such bucket 'nobucket'" in out.stderr.decode()
+
+
+def test_credentials(files, tmp_path):
+    """With IAM authentication on: the right keys read, wrong ones and
+    none are refused in words, and a profile file is read."""
+    import boto3
+
+    # The first four actions (the user, its policy, its key) go unchecked.
+    proc, endpoint = moto_server({"INITIAL_NO_AUTH_ACTION_COUNT": "4"})
+    try:
+        anon = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
+        iam = boto3.client("iam", **anon)
+        iam.create_user(UserName="scientist")
+        policy = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]})
+        arn = iam.create_policy(PolicyName="all", PolicyDocument=policy)["Policy"]["Arn"]
+        iam.attach_user_policy(UserName="scientist", PolicyArn=arn)
+        key = iam.create_access_key(UserName="scientist")["AccessKey"]
+        good = dict(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=key["SecretAccessKey"])
+        client = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=good["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=good["AWS_SECRET_ACCESS_KEY"],
+        )
+        client.create_bucket(Bucket="lab")
+        client.upload_file(str(files / "scan-u16.qem"), "lab", "scan-u16.qem")
+        url = "s3://lab/scan-u16.qem"
+        base = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        base["HOME"] = str(tmp_path)
+        local = run("qem", "hash", files / "scan-u16.qem").stdout.split()[0]
+
+        out = run("qem", "hash", url, "--endpoint-url", endpoint, env=dict(base, **good))
+        assert out.stdout.split()[0] == local
+
+        wrong = dict(good, AWS_SECRET_ACCESS_KEY="not-the-secret")
+        out = run("qem", "show", url, "--endpoint-url", endpoint, check=False, env=dict(base, **wrong))
+        assert out.returncode == 2
+        assert "credentials were refused (SignatureDoesNotMatch" in out.stderr.decode(), out.stderr.decode()
+
+        unknown = dict(AWS_ACCESS_KEY_ID="AKIANOBODY", AWS_SECRET_ACCESS_KEY="x")
+        out = run("qem", "show", url, "--endpoint-url", endpoint, check=False, env=dict(base, **unknown))
+        assert out.returncode == 2
+        assert "credentials were refused (InvalidAccessKeyId" in out.stderr.decode(), out.stderr.decode()
+
+        out = run("qem", "show", url, "--endpoint-url", endpoint, check=False, env=base)
+        assert out.returncode == 2
+        assert "no AWS credentials found" in out.stderr.decode()
+
+        # The AWS way: a named profile in ~/.aws, the endpoint in its config.
+        aws = tmp_path / ".aws"
+        aws.mkdir()
+        (aws / "credentials").write_text(
+            f"[default]\naws_access_key_id = AKIANOBODY\naws_secret_access_key = x\n\n"
+            f"[lab]\naws_access_key_id = {good['AWS_ACCESS_KEY_ID']}\naws_secret_access_key = {good['AWS_SECRET_ACCESS_KEY']}\n"
+        )
+        (aws / "config").write_text(f"[profile lab]\nregion = us-east-1\nendpoint_url = {endpoint}\n")
+        out = run("qem", "hash", url, env=dict(base, AWS_PROFILE="lab"))
+        assert out.stdout.split()[0] == local
+    finally:
+        stop(proc)
+
+
+def test_failures_are_retried_and_bounded(files, http_range):
+    url = f"{http_range.url}/scan-u16.qem"
+    local = run("qem", "hash", files / "scan-u16.qem").stdout.split()[0]
+    # Two 503 answers, then the server recovers: retried, and the answer is right.
+    http_range.reset()
+    http_range.fail_next = 2
+    out = run("qem", "hash", url)
+    assert out.stdout.split()[0] == local
+    # A server that keeps failing: exit 2 within the retry window, in words.
+    http_range.reset()
+    http_range.fail_next = 1000
+    start = time.monotonic()
+    out = run("qem", "hash", url, check=False)
+    http_range.reset()
+    assert out.returncode == 2
+    assert "the server kept failing" in out.stderr.decode(), out.stderr.decode()
+    assert time.monotonic() - start < 30
+    # Nothing listening.
+    out = run("qem", "show", f"http://{LOOPBACK}:{free_port()}/scan.qem", check=False)
+    assert out.returncode == 2
+    assert "the server cannot be reached" in out.stderr.decode()
+
+
+def test_a_body_cut_short_is_refused_or_fetched_again(files, http_range):
+    """A response cut off mid-body never yields a wrong answer."""
+    url = f"{http_range.url}/large.qem"
+    local = run("qem", "hash", files / "large.qem").stdout.split()[0]
+    http_range.reset()
+    http_range.cut_next = 100_000
+    out = run("qem", "hash", url, check=False)
+    http_range.reset()
+    if out.returncode == 0:
+        assert out.stdout.split()[0] == local
+    else:
+        assert out.returncode == 2 and url in out.stderr.decode()
+
+
+def test_an_object_replaced_while_read_is_refused(files, http_range, tmp_path):
+    """The object is replaced by another acquisition of the same size after
+    its header was fetched: the body read is refused (its version changed),
+    never decoded from two files."""
+    victim = files / "victim.qem"
+    shutil.copy(files / "large.qem", victim)
+    stat = victim.stat()
+    other = bytearray(victim.read_bytes())
+    other[-1000] ^= 0xFF
+
+    def replace():
+        victim.write_bytes(bytes(other))
+        os.utime(victim, (stat.st_atime, stat.st_mtime + 60))
+
+    try:
+        http_range.reset()
+        http_range.replace_after = (1, replace)
+        out = run("qem", "validate", f"{http_range.url}/victim.qem", check=False)
+        assert out.returncode == 2
+        err = out.stdout.decode() + out.stderr.decode()
+        assert "the object changed since it was opened" in err, err
+    finally:
+        http_range.reset()
+        victim.unlink()
+
+
+def walk(container, flags=(), env=None, path=""):
+    """Every file of a container's tree, through `qem ls`."""
+    names = run("qem", "ls", container, *([path] if path else []), *flags, env=env).stdout.decode().split()
+    files = []
+    for name in names:
+        full = f"{path}/{name}".strip("/")
+        if name.endswith("/"):
+            files += walk(container, flags, env, full.rstrip("/"))
+        else:
+            files.append(full)
+    return files
+
+
+@pytest.mark.parametrize("name", ["scan-u16.qem", "derived-scaled.qem", "embeddings.semq"])
+def test_the_tree_of_a_url_equals_the_local_tree(files, http_range, s3, name):
+    """`qem ls` and `qem cat` of a URL: the same tree, file for file and
+    byte for byte, as of the local copy, but the stored file itself
+    (`raw.qem`, `raw.semq`), which is not served from a remote object."""
+    local = walk(files / name)
+    raw = [f for f in local if f.startswith("raw.")]
+    assert len(raw) == 1
+    for url, flags, env in [
+        (f"{http_range.url}/{name}", (), None),
+        (f"s3://lab/acq/{name}", ("--endpoint-url", s3), s3_env()),
+    ]:
+        remote = walk(url, flags, env)
+        assert remote == [f for f in local if f not in raw]
+        # Frames, the whole array, virtual images, Zarr chunks, vectors.
+        picked = [
+            f
+            for f in remote
+            if f.endswith((".json", ".npy", "sha256", "state_id", "content_digest", "ids.txt"))
+            or "/c/" in f
+            or f.startswith("frames/0/")
+        ]
+        assert len(picked) > 5
+        for f in picked:
+            mine = run("qem", "cat", url, f, *flags, env=env).stdout
+            theirs = run("qem", "cat", files / name, f).stdout
+            assert mine == theirs, f
+
+
+def test_convert_reads_a_qem_url_and_refuses_what_it_cannot_do(files, http_range, tmp_path):
+    url = f"{http_range.url}/scan-u16.qem"
+    run("qem", "convert", url, tmp_path / "remote.npy")
+    run("qem", "convert", files / "scan-u16.qem", tmp_path / "local.npy")
+    assert (tmp_path / "remote.npy").read_bytes() == (tmp_path / "local.npy").read_bytes()
+    np.save(files / "frames.npy", np.zeros((2, 2, 4, 4), np.uint16))
+    try:
+        out = run("qem", "convert", f"{http_range.url}/frames.npy", tmp_path / "x.qem", check=False)
+        assert out.returncode == 2 and "download other formats first" in out.stderr.decode()
+        assert not (tmp_path / "x.qem").exists()
+    finally:
+        (files / "frames.npy").unlink()
+    out = run("qem", "convert", files / "scan-u16.qem", "s3://lab/out.qem", check=False)
+    assert out.returncode == 2 and "not supported yet" in out.stderr.decode()
+    out = run("qemfs", "mount", url, tmp_path, check=False)
+    assert out.returncode == 2 and "not supported yet" in out.stderr.decode()
