@@ -5,7 +5,7 @@
 use clap::Args;
 use qemfs::remote::StoreOptions;
 
-#[derive(Debug, Clone, Default, Args)]
+#[derive(Debug, Clone, Default, Args, serde::Serialize, serde::Deserialize)]
 pub struct RemoteArgs {
     /// S3-compatible server for s3:// URLs, addressed path-style (else
     /// AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL, the profile's endpoint_url,

@@ -35,6 +35,7 @@ Examples:
   python3 -c 'import numpy; print(numpy.load(\"/mnt/qem/scan.qem/data.npy\", mmap_mode=\"r\").shape)'
   qemfs unmount /mnt/qem
   qemfs mount scan.qem /mnt/scan            # one file: its folder at /mnt/scan
+  qemfs mount s3://lab/2026/scan.qem /mnt/scan   # one remote object (also https://)
   qemfs mount --allow-other -o noatime data/ /mnt/qem
 
 Memory: decoded blocks, the windows of blocks too large to decode at once,
@@ -83,6 +84,7 @@ struct DaemonSpec {
 #[derive(Debug, Parser, serde::Serialize, serde::Deserialize)]
 struct MountArgs {
     /// The folder to mirror, or one .qem/.semq file to show as a folder
+    /// (a local path, or an s3://BUCKET/KEY or http(s):// URL)
     source: PathBuf,
     /// An empty directory to mount on (outside SRC)
     mountpoint: PathBuf,
@@ -126,6 +128,8 @@ struct MountArgs {
     detectors: DetectorArgs,
     #[command(flatten)]
     gpu: GpuArgs,
+    #[command(flatten)]
+    remote: qemfs_args::remote::RemoteArgs,
 }
 
 /// At most half the SIGBUS guard's slots, leaving the rest to files held
@@ -228,17 +232,9 @@ struct Checked {
     mountpoint: PathBuf,
 }
 
-/// Checks what can be checked before mounting, cleaning a stale mount.
-fn preflight(args: &MountArgs) -> Result<Checked, String> {
-    let src = &args.source;
+/// A local source: a folder, or one `.qem`/`.semq` regular file.
+fn check_local_source(src: &Path) -> Result<(), String> {
     let shown = src.display();
-    if qemfs::remote::Address::of_path(src).is_some() {
-        // `qem` and `semq` read URLs; the mount's tree of one does not yet.
-        return Err(format!(
-            "{shown}: mounting s3:// or http(s):// sources is not supported yet; \
-             `qem ls` and `qem cat` show the same tree of a URL"
-        ));
-    }
     match std::fs::metadata(src) {
         Ok(m) if m.is_dir() => {}
         Ok(m) if m.is_file() => {
@@ -251,6 +247,38 @@ fn preflight(args: &MountArgs) -> Result<Checked, String> {
         }
         Ok(_) => return Err(format!("{shown}: not a folder or a regular file")),
         Err(e) => return Err(format!("{shown}: {e}")),
+    }
+    Ok(())
+}
+
+/// A remote source: one `.qem`/`.semq` object, there and readable now
+/// (a missing object or bucket, or refused credentials, fail the mount).
+fn check_remote(
+    args: &MountArgs,
+    address: Result<qemfs::remote::Address, qemfs::remote::RemoteError>,
+) -> Result<qemfs::remote::Address, String> {
+    let shown = args.source.display();
+    let address = address.map_err(|e| format!("{shown}: {e}"))?;
+    if qemfs::tree::format_of(address.file_name()).is_none() {
+        return Err(format!(
+            "{shown}: not a .qem or .semq object (a prefix of many is not mounted yet)"
+        ));
+    }
+    args.remote.apply();
+    qemfs::remote::Object::open(&address).map_err(|e| format!("{shown}: {e}"))?;
+    Ok(address)
+}
+
+/// Checks what can be checked before mounting, cleaning a stale mount.
+fn preflight(args: &MountArgs) -> Result<Checked, String> {
+    let src = &args.source;
+    let shown = src.display();
+    let remote = match qemfs::remote::Address::of_path(src) {
+        Some(address) => Some(check_remote(args, address)?),
+        None => None,
+    };
+    if remote.is_none() {
+        check_local_source(src)?;
     }
     let mnt = &args.mountpoint;
     if mountpoint::is_mounted(mnt) {
@@ -278,18 +306,22 @@ fn preflight(args: &MountArgs) -> Result<Checked, String> {
     }
     let real = |p: &Path| std::fs::canonicalize(p).map_err(|e| format!("{}: {e}", p.display()));
     let checked = Checked {
-        source: real(src)?,
+        // A URL is the source as given; it can hold no mount point.
+        source: match remote {
+            Some(_) => src.clone(),
+            None => real(src)?,
+        },
         mountpoint: real(mnt)?,
     };
     // A mount inside its own source would serve itself: a read deep
     // through the mirror of the mount waits on the daemon that makes it.
-    if checked.source.starts_with(&checked.mountpoint) {
+    if remote.is_none() && checked.source.starts_with(&checked.mountpoint) {
         return Err(format!(
             "{}: the mount point holds the source {shown}; mount elsewhere",
             mnt.display()
         ));
     }
-    if checked.mountpoint.starts_with(&checked.source) {
+    if remote.is_none() && checked.mountpoint.starts_with(&checked.source) {
         return Err(format!(
             "{}: the mount point is inside the source {shown}; mount outside it",
             mnt.display()
@@ -372,7 +404,9 @@ fn start_daemon(mut args: MountArgs) -> Result<(), String> {
     // The daemon runs in the same folder, but paths given whole leave no
     // doubt in its log and in `ps`.
     let absolute = |p: &Path| mountpoint::absolute(p).map_err(|e| format!("{}: {e}", p.display()));
-    args.source = absolute(&args.source)?;
+    if qemfs::remote::Address::of_path(&args.source).is_none() {
+        args.source = absolute(&args.source)?;
+    }
     args.mountpoint = absolute(&args.mountpoint)?;
     if let Some(log) = &args.log_file {
         args.log_file = Some(absolute(log)?);
@@ -491,6 +525,7 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
         }
     });
     let source = checked.source;
+    args.remote.apply();
     let mut options = TreeOptions::default();
     options.cache_bytes = args.cache_size.saturating_mul(1 << 20);
     options.detectors = args.detectors.options();

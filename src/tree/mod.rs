@@ -320,6 +320,9 @@ pub(crate) fn give_back_freed_memory() {
 /// A mirrored source folder (or one container file).
 pub struct Tree {
     root: PathBuf,
+    /// The container of a remote root (a URL), once opened: a failed open
+    /// is tried again at the next lookup, as the server may be back.
+    remote_root: Mutex<Option<(Arc<dyn Directory>, Origin)>>,
     sources: std::io::Result<source::Sources>,
     log: Log,
     logged: Mutex<HashSet<PathBuf>>,
@@ -340,6 +343,7 @@ impl Tree {
                 options.follow_symlinks,
             ),
             root,
+            remote_root: Mutex::new(None),
             log: Arc::clone(&options.log),
             logged: Mutex::new(HashSet::new()),
             cache: Arc::new(Budget::new(options.cache_bytes)),
@@ -530,6 +534,9 @@ impl Tree {
 
     /// The root: the source folder, or the container of a single file.
     pub fn root_node(&self) -> Result<Node, TreeError> {
+        if crate::remote::Address::of_path(&self.root).is_some() {
+            return self.remote_root_node();
+        }
         let sources = self.sources()?;
         let real = sources.root_real();
         let meta = fs::metadata(real).map_err(|e| TreeError::Io {
@@ -553,6 +560,19 @@ impl Tree {
                 reason: "neither a folder nor a .qem or .semq file".into(),
             }),
         }
+    }
+
+    /// The container of a remote root, opened once it opens.
+    fn remote_root_node(&self) -> Result<Node, TreeError> {
+        let mut held = self.remote_root.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((dir, origin)) = &*held {
+            return Ok(Node::Dir(Arc::clone(dir), *origin));
+        }
+        let dir = self.open_container(&self.root)?;
+        // Its time: when it was opened (the object's own is not asked for).
+        let origin = Origin::remote(std::time::SystemTime::now());
+        *held = Some((Arc::clone(&dir), origin));
+        Ok(Node::Dir(dir, origin))
     }
 
     /// What the source entry `name` of `parent` appears as.

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from RangeHTTPServer import RangeRequestHandler
 
-from conftest import REPO, qem_from_array, run
+from conftest import REPO, can_mount, qem_from_array, run
 
 EXAMPLES = REPO / "examples" / "data"
 LOOPBACK = "127.0.0.1"
@@ -501,5 +501,67 @@ def test_convert_reads_a_qem_url_and_refuses_what_it_cannot_do(files, http_range
         (files / "frames.npy").unlink()
     out = run("qem", "convert", files / "scan-u16.qem", "s3://lab/out.qem", check=False)
     assert out.returncode == 2 and "not supported yet" in out.stderr.decode()
-    out = run("qemfs", "mount", url, tmp_path, check=False)
-    assert out.returncode == 2 and "not supported yet" in out.stderr.decode()
+
+
+@pytest.fixture
+def mounts(mount):
+    if not can_mount() and os.environ.get("CI"):
+        pytest.fail("CI runs as root with /dev/fuse: the remote mount tests must run")
+    return mount
+
+
+def tree_files(root: Path):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("store", ["http", "s3"])
+def test_a_mounted_url_serves_what_the_local_mount_serves(files, http_range, s3, mounts, store, monkeypatch):
+    name = "scan-u16.qem"
+    if store == "http":
+        remote = mounts(f"{http_range.url}/{name}")
+    else:
+        # The daemon takes its credentials from the environment.
+        for key, value in s3_env().items():
+            if key.startswith("AWS_"):
+                monkeypatch.setenv(key, value)
+        remote = mounts(f"s3://lab/acq/{name}", "--endpoint-url", s3)
+    local = mounts(files / name)
+    local_files = tree_files(local)
+    remote_files = tree_files(remote)
+    assert remote_files == [f for f in local_files if f != "raw.qem"]
+    picked = [
+        f
+        for f in remote_files
+        if not f.startswith("frames/") or f.startswith(("frames/0/", "frames/23/"))
+    ]
+    assert len(picked) > 100
+    for f in picked:
+        assert (remote / f).read_bytes() == (local / f).read_bytes(), f
+    a = np.load(remote / "data.npy", mmap_mode="r")
+    assert np.array_equal(a, np.load(local / "data.npy"))
+
+
+def test_a_mounted_url_survives_its_server_failing(files, http_range, mounts):
+    mnt = mounts(f"{http_range.url}/large.qem")
+    assert "data.npy" in os.listdir(mnt)  # opened: the header is here
+    http_range.reset()
+    http_range.fail_next = 10_000
+    try:
+        with pytest.raises(OSError) as failed:
+            (mnt / "data.npy").read_bytes()
+        assert failed.value.errno == 5  # EIO
+        assert "info.json" in os.listdir(mnt)  # the mount lives on
+    finally:
+        http_range.reset()
+    assert (mnt / "data.npy").read_bytes() == run("qem", "cat", files / "large.qem", "data.npy").stdout
+
+
+def test_mounting_a_missing_url_fails_at_once(http_range, s3, tmp_path):
+    for url, flags, reason in [
+        (f"{http_range.url}/missing.qem", [], "no such object (HTTP 404)"),
+        ("s3://nobucket/scan.qem", ["--endpoint-url", s3, "--no-sign-request"], "no such bucket"),
+        (f"{http_range.url}/notes.txt", [], "not a .qem or .semq object"),
+    ]:
+        out = run("qemfs", "mount", url, tmp_path, *flags, check=False)
+        assert out.returncode == 2, url
+        assert reason in out.stderr.decode(), out.stderr.decode()
