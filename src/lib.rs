@@ -21,6 +21,9 @@
 //! - [`reduce`]: virtual detectors and the [`reduce::Accelerator`] trait
 //!   the GPU backends implement;
 //! - [`sums`]: the `sha256sum`-style lines of `qem hash` and `semq hash`;
+//! - [`python_json`]: JSON text and `repr()` as the upstream Python tools
+//!   write them;
+//! - [`remote`]: `s3://` and `http(s)://` inputs, read by ranges;
 //! - [`npy`], [`publish`], [`mapguard`], [`regular_file`], [`cache`],
 //!   [`workers`]: the `.npy` header, atomic outputs, the SIGBUS guard for
 //!   mapped inputs, checked input reads, the decoded-block cache and the
@@ -44,7 +47,7 @@ pub mod mapguard;
 pub mod npy;
 pub(crate) mod pool;
 pub mod publish;
-pub(crate) mod python_json;
+pub mod python_json;
 pub mod qem;
 pub mod reduce;
 pub mod regular_file;

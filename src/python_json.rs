@@ -110,9 +110,114 @@ pub fn float_repr(f: f64) -> String {
     format!("{sign}{body}")
 }
 
+/// Whether Python's `str.isprintable()` holds for `c`, for the characters
+/// text in paths and metadata holds: controls (Cc), format characters (Cf)
+/// and separators other than the space (Zs, Zl, Zp) are not printable.
+/// Unassigned code points (Cn), which Python escapes too, are taken as
+/// printable: telling them needs the Unicode tables.
+fn printable(c: char) -> bool {
+    !(c.is_control()
+        || matches!(
+            c,
+            '\u{a0}'
+                | '\u{ad}'
+                | '\u{600}'..='\u{605}'
+                | '\u{61c}'
+                | '\u{6dd}'
+                | '\u{70f}'
+                | '\u{1680}'
+                | '\u{180e}'
+                | '\u{2000}'..='\u{200f}'
+                | '\u{2028}'..='\u{202f}'
+                | '\u{205f}'..='\u{2064}'
+                | '\u{2066}'..='\u{206f}'
+                | '\u{3000}'
+                | '\u{e000}'..='\u{f8ff}'
+                | '\u{feff}'
+                | '\u{fff9}'..='\u{fffb}'
+                | '\u{f0000}'..
+        ))
+}
+
+/// Python's `repr()` of a string: single quotes unless the text holds one
+/// and no double quote, backslashes and the chosen quote escaped, and every
+/// character Python does not print as `\t`, `\n`, `\r`, `\xNN`, `\uNNNN`
+/// or `\UNNNNNNNN`.
+pub fn str_repr(s: &str) -> String {
+    let q = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(q);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == q => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if printable(c) => out.push(c),
+            c if (c as u32) < 0x100 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c if (c as u32) < 0x10000 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\U{:08x}", c as u32);
+            }
+        }
+    }
+    out.push(q);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Our `repr` of strings against Python's own, run here.
+    #[test]
+    fn str_reprs_are_pythons() {
+        let cases = [
+            "plain",
+            "it's",
+            "say \"hi\"",
+            "both ' and \"",
+            "back\\slash",
+            "tab\there\nnew\rret",
+            "\u{0}\u{1}\u{1b}\u{7f}\u{80}\u{9f}",
+            "nbsp\u{a0} shy\u{ad} zwsp\u{200b} ls\u{2028} bom\u{feff} ideo\u{3000}",
+            "caf\u{e9} \u{3b1}\u{3b2} \u{1f600} \u{fffd}",
+            "/data/run 7/scan.semq",
+        ];
+        let json = serde_json::to_string(&cases).unwrap();
+        let out = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import json, sys\nfor s in json.loads(sys.argv[1]): print(json.dumps(repr(s)))",
+                &json,
+            ])
+            .output()
+            .expect("python3 runs (it is on every machine of this kind)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let theirs: Vec<String> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let ours: Vec<String> = cases.iter().map(|s| str_repr(s)).collect();
+        assert_eq!(ours, theirs);
+    }
 
     #[test]
     fn python_reprs() {

@@ -44,19 +44,10 @@ pub fn os_error(e: &std::io::Error, path: &Path) -> String {
                 .to_string();
             format!(
                 "[Errno {code}] {text}: {}",
-                python_repr(&path.to_string_lossy())
+                qemfs::python_json::str_repr(&path.to_string_lossy())
             )
         }
         None => e.to_string(),
-    }
-}
-
-/// `repr()` of a Python string as far as paths need it.
-fn python_repr(s: &str) -> String {
-    if s.contains('\'') && !s.contains('"') {
-        format!("\"{s}\"")
-    } else {
-        format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"))
     }
 }
 

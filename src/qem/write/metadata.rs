@@ -172,33 +172,7 @@ fn python_repr(v: &Value) -> String {
             (_, _, Some(f)) => float_repr(f),
             _ => n.to_string(),
         },
-        Value::String(s) => {
-            // Python prefers single quotes unless the text holds one and no double quote.
-            let q = if s.contains('\'') && !s.contains('"') {
-                '"'
-            } else {
-                '\''
-            };
-            let mut out = String::from(q);
-            for c in s.chars() {
-                match c {
-                    '\\' => out.push_str("\\\\"),
-                    '\n' => out.push_str("\\n"),
-                    '\r' => out.push_str("\\r"),
-                    '\t' => out.push_str("\\t"),
-                    c if c == q => {
-                        out.push('\\');
-                        out.push(c);
-                    }
-                    c if (c as u32) < 0x20 || c as u32 == 0x7f => {
-                        out.push_str(&format!("\\x{:02x}", c as u32))
-                    }
-                    c => out.push(c),
-                }
-            }
-            out.push(q);
-            out
-        }
+        Value::String(s) => crate::python_json::str_repr(s),
         Value::Array(items) => format!(
             "[{}]",
             items.iter().map(python_repr).collect::<Vec<_>>().join(", ")
