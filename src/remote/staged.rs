@@ -14,7 +14,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex};
 
 use super::address::Address;
 use super::error::RemoteError;
@@ -25,14 +25,24 @@ use crate::mapguard::Mapping;
 /// whole pieces, and presence is kept per piece.
 pub const PIECE_BYTES: u64 = 1 << 20;
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Piece {
+    Absent,
+    Fetching,
+    Present,
+}
+
 /// An object being staged.
 pub struct Staged {
     object: Object,
     file: File,
     mapping: Mapping,
-    /// One flag per piece; the lock is held while a range is fetched, so
-    /// that two readers of one piece fetch it once.
-    present: Mutex<Vec<bool>>,
+    /// Each piece's state. A reader claims the absent pieces it needs,
+    /// fetches them without the lock and marks them present; a reader
+    /// needing a piece another is fetching waits for it (`fetched_one`),
+    /// so readers of different pieces fetch at once, and of one piece once.
+    pieces: Mutex<Vec<Piece>>,
+    fetched_one: Condvar,
     fetched: AtomicU64,
     requests: AtomicU64,
 }
@@ -67,7 +77,8 @@ impl Staged {
             object,
             file,
             mapping,
-            present: Mutex::new(vec![false; pieces]),
+            pieces: Mutex::new(vec![Piece::Absent; pieces]),
+            fetched_one: Condvar::new(),
             fetched: AtomicU64::new(0),
             requests: AtomicU64::new(0),
         })
@@ -111,34 +122,63 @@ impl Staged {
         }
         let first = (range.start / PIECE_BYTES) as usize;
         let last = ((range.end - 1) / PIECE_BYTES) as usize;
-        let mut present = self.present.lock().unwrap_or_else(|e| e.into_inner());
-        let mut runs: Vec<Range<usize>> = Vec::new();
-        for p in first..=last {
-            if present[p] {
+        let mut pieces = self.lock();
+        loop {
+            // Claim what nobody has or fetches, contiguous pieces together.
+            let mut runs: Vec<Range<usize>> = Vec::new();
+            let mut waiting = false;
+            for p in first..=last {
+                match pieces[p] {
+                    Piece::Present => continue,
+                    Piece::Fetching => waiting = true,
+                    Piece::Absent => {
+                        pieces[p] = Piece::Fetching;
+                        match runs.last_mut() {
+                            Some(run) if run.end == p => run.end = p + 1,
+                            _ => runs.push(p..p + 1),
+                        }
+                    }
+                }
+            }
+            if runs.is_empty() {
+                if !waiting {
+                    return Ok(());
+                }
+                // Another reader's fetch: present, or absent again if it
+                // failed (then this reader claims and tries it itself).
+                pieces = self
+                    .fetched_one
+                    .wait(pieces)
+                    .unwrap_or_else(|e| e.into_inner());
                 continue;
             }
-            match runs.last_mut() {
-                Some(run) if run.end == p => run.end = p + 1,
-                _ => runs.push(p..p + 1),
+            drop(pieces);
+            let bytes: Vec<Range<u64>> = runs
+                .iter()
+                .map(|r| r.start as u64 * PIECE_BYTES..(r.end as u64 * PIECE_BYTES).min(size))
+                .collect();
+            let fetched = self.object.read_parts(bytes, |part, data| {
+                self.file.write_all_at(&data, part.start)?;
+                self.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
+                self.requests.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            });
+            pieces = self.lock();
+            let state = if fetched.is_ok() {
+                Piece::Present
+            } else {
+                Piece::Absent
+            };
+            for run in runs {
+                pieces[run].fill(state);
             }
+            self.fetched_one.notify_all();
+            fetched?;
         }
-        if runs.is_empty() {
-            return Ok(());
-        }
-        let bytes: Vec<Range<u64>> = runs
-            .iter()
-            .map(|r| r.start as u64 * PIECE_BYTES..(r.end as u64 * PIECE_BYTES).min(size))
-            .collect();
-        self.object.read_parts(bytes, |part, data| {
-            self.file.write_all_at(&data, part.start)?;
-            self.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
-            self.requests.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        })?;
-        for run in runs {
-            present[run].fill(true);
-        }
-        Ok(())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Piece>> {
+        self.pieces.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Makes the whole object present.

@@ -565,3 +565,32 @@ def test_mounting_a_missing_url_fails_at_once(http_range, s3, tmp_path):
         out = run("qemfs", "mount", url, tmp_path, *flags, check=False)
         assert out.returncode == 2, url
         assert reason in out.stderr.decode(), out.stderr.decode()
+
+
+def test_readers_of_a_mounted_url_at_once_fetch_each_byte_once(files, http_range, mounts):
+    """Eight readers of a cold mounted URL at once, each its own frames and
+    the whole array: every answer right, and the object fetched once."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mnt = mounts(f"{http_range.url}/large.qem")
+    local = np.load(io_bytes(run("qem", "cat", files / "large.qem", "data.npy").stdout))
+    http_range.reset()
+
+    def read(k):
+        if k == 0:
+            return np.array_equal(np.load(mnt / "data.npy"), local)
+        row, col = divmod(k * 97, 32)
+        frame = np.load(mnt / "frames" / str(row % 32) / f"{col}.npy")
+        return np.array_equal(frame, local[row % 32, col])
+
+    with ThreadPoolExecutor(8) as pool:
+        assert all(pool.map(read, range(8)))
+    fetched = http_range.total("large.qem")
+    size = (files / "large.qem").stat().st_size
+    assert fetched <= 1.1 * size, f"{fetched} bytes fetched for a {size}-byte object"
+
+
+def io_bytes(data):
+    import io
+
+    return io.BytesIO(data)
