@@ -37,7 +37,8 @@ pub fn detect(path: &Path) -> Result<SourceFormat, ConvertError> {
         let head = address
             .and_then(|a| {
                 let object = crate::remote::Object::open(&a)?;
-                object.read(0..object.size().min(SNIFF as u64))
+                let opening = object.opening();
+                Ok(opening.slice(..opening.len().min(SNIFF)))
             })
             .map_err(|e| ConvertError::io(path, e.into_io()))?;
         return match recognise(&head) {

@@ -37,8 +37,10 @@ pub fn sha256_file_hex(path: &std::path::Path) -> std::io::Result<String> {
         let object = crate::remote::Object::open(&address.map_err(|e| e.into_io())?)
             .map_err(|e| e.into_io())?;
         let mut hasher = Sha256::new();
+        hasher.update(object.opening());
+        let rest = object.opening().len() as u64..object.size();
         object
-            .read_parts(std::iter::once(0..object.size()), |_, bytes| {
+            .read_parts(std::iter::once(rest), |_, bytes| {
                 hasher.update(&bytes);
                 Ok(())
             })

@@ -85,7 +85,7 @@ impl Source {
 
 /// Bytes of a remote object fetched first when it is opened: the envelope
 /// and, for all but the largest scans, the whole header.
-pub const HEADER_GUESS: u64 = 1 << 20;
+pub const HEADER_GUESS: u64 = crate::remote::OPENING_BYTES;
 
 /// A structural fault of a chunk's tables, remembered once found.
 #[derive(Debug, Clone)]
@@ -204,9 +204,9 @@ impl QemFile {
         ))
     }
 
-    /// Opens a remote object, fetching its envelope and header only (one
-    /// ranged request of [`HEADER_GUESS`] bytes, and one more for the rest
-    /// of a longer header); body bytes are fetched by checksum block as
+    /// Opens a remote object, fetching its envelope and header only (the
+    /// opening request's [`HEADER_GUESS`] bytes, and one more request for
+    /// the rest of a longer header); body bytes are fetched by checksum block as
     /// they are first checked, and held on local disk (see
     /// [`crate::remote::Staged`]).
     pub fn open_remote(address: &Address) -> Result<Self> {

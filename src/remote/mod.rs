@@ -26,7 +26,7 @@ mod staged;
 
 pub use address::Address;
 pub use error::RemoteError;
-pub use object::{Object, Version};
+pub use object::{Object, Version, OPENING_BYTES};
 pub use options::StoreOptions;
 pub use staged::Staged;
 

@@ -29,6 +29,23 @@ pub struct Object {
     store: Arc<dyn ObjectStore>,
     path: object_store::path::Path,
     meta: ObjectMeta,
+    opening: Bytes,
+}
+
+/// Bytes fetched by the request that opens an object: a `.qem` envelope
+/// and, for all but the largest scans, its whole header.
+pub const OPENING_BYTES: u64 = 1 << 20;
+
+/// Whether an error's text, or a source's, mentions `what`.
+fn chain_mentions(e: &(dyn std::error::Error + 'static), what: &str) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if e.to_string().contains(what) {
+            return true;
+        }
+        next = e.source();
+    }
+    false
 }
 
 impl std::fmt::Debug for Object {
@@ -42,8 +59,9 @@ impl std::fmt::Debug for Object {
 }
 
 impl Object {
-    /// Opens `address`: asks for its size and version (one HEAD request),
-    /// which every later range is pinned to.
+    /// Opens `address`: one ranged GET of its first [`OPENING_BYTES`],
+    /// whose answer gives the size and version every later range is
+    /// pinned to (see [`Object::opening`]).
     pub fn open(address: &Address) -> Result<Object, RemoteError> {
         let url = address.to_string();
         let (store, path) = match address {
@@ -81,44 +99,55 @@ impl Object {
                 e_tag: None,
                 version: None,
             },
+            opening: Bytes::new(),
         };
+        // The opening GET asks for the first bytes: its answer gives the
+        // size and version (what a HEAD would, a round trip sooner), and
+        // an error document that names a missing bucket or a refused key.
         let store = Arc::clone(&object.store);
-        let head = run(&object, async { store.head(&object.path).await })?;
-        object.meta = match head {
-            Ok(meta) => meta,
-            Err(
-                object_store::Error::NotFound { .. }
-                | object_store::Error::PermissionDenied { .. }
-                | object_store::Error::Unauthenticated { .. },
-            ) if object.bucket().is_some() => {
-                // A HEAD answer has no body to tell a missing bucket from a
-                // missing key, or a wrong key from a refused one; a GET's
-                // error document does.
-                let store = Arc::clone(&object.store);
-                let get = run(&object, async {
-                    store
-                        .get_opts(
-                            &object.path,
-                            GetOptions {
-                                range: Some(GetRange::Bounded(0..1)),
-                                ..Default::default()
-                            },
-                        )
-                        .await
-                        .map(|_| ())
-                })?;
-                return Err(match get {
-                    Err(e) => object.error(e),
-                    // Found by GET where HEAD said no: say what HEAD said.
-                    Ok(()) => RemoteError::AccessDenied {
-                        url: object.url.clone(),
-                        detail: "HEAD refused where GET was allowed".to_string(),
+        let opened = run(&object, async {
+            let result = store
+                .get_opts(
+                    &object.path,
+                    GetOptions {
+                        range: Some(GetRange::Bounded(0..OPENING_BYTES)),
+                        ..Default::default()
                     },
-                });
+                )
+                .await?;
+            let meta = result.meta.clone();
+            Ok::<_, object_store::Error>((meta, result.bytes().await?))
+        })?;
+        match opened {
+            Ok((meta, bytes)) => {
+                object.meta = meta;
+                object.opening = bytes;
+            }
+            // An empty object has no first byte to ask for.
+            Err(e) if chain_mentions(&e, "416") => {
+                let store = Arc::clone(&object.store);
+                object.meta = run(&object, async { store.head(&object.path).await })?
+                    .map_err(|e| object.error(e))?;
             }
             Err(e) => return Err(object.error(e)),
-        };
+        }
+        let expected = OPENING_BYTES.min(object.meta.size);
+        if object.opening.len() as u64 != expected {
+            return Err(RemoteError::Request {
+                url: object.url.clone(),
+                reason: format!(
+                    "the answer for bytes 0..{expected} held {} bytes (cut short)",
+                    object.opening.len()
+                ),
+            });
+        }
         Ok(object)
+    }
+
+    /// The object's first `min(size, OPENING_BYTES)` bytes, fetched when it
+    /// was opened.
+    pub fn opening(&self) -> &Bytes {
+        &self.opening
     }
 
     pub fn address(&self) -> &Address {
@@ -152,16 +181,6 @@ impl Object {
 
     fn error(&self, e: object_store::Error) -> RemoteError {
         RemoteError::from_store(&self.url, self.bucket(), e)
-    }
-
-    /// The bytes of `range` (within the object), in one request.
-    pub fn read(&self, range: Range<u64>) -> Result<Bytes, RemoteError> {
-        let mut out = None;
-        self.read_parts(std::iter::once(range), |_, bytes| {
-            out = Some(bytes);
-            Ok(())
-        })?;
-        Ok(out.unwrap_or_default())
     }
 
     /// Fetches `ranges` (each within the object), split into parts of at

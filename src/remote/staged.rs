@@ -57,8 +57,8 @@ impl std::fmt::Debug for Staged {
 }
 
 impl Staged {
-    /// Opens `address` (one HEAD request) and makes its local file; no
-    /// byte of the object is fetched yet.
+    /// Opens `address` (one ranged GET of its first MiB, see
+    /// [`Object::open`]) and makes its local file, holding those bytes.
     pub fn open(address: &Address) -> Result<Staged, RemoteError> {
         let object = Object::open(address)?;
         let local = |source| RemoteError::Local {
@@ -73,14 +73,26 @@ impl Staged {
             url: object.url().to_string(),
             reason: format!("{} bytes: too large to address", object.size()),
         })?;
+        // The opening request's bytes are the first pieces (whole ones, or
+        // the object's last, short one).
+        let opening = object.opening();
+        file.write_all_at(opening, 0).map_err(local)?;
+        let mut states = vec![Piece::Absent; pieces];
+        let whole = if opening.len() as u64 == object.size() {
+            pieces
+        } else {
+            (opening.len() as u64 / PIECE_BYTES) as usize
+        };
+        states[..whole].fill(Piece::Present);
+        let opened = opening.len() as u64;
         Ok(Staged {
+            fetched: AtomicU64::new(opened),
+            requests: AtomicU64::new(1),
             object,
             file,
             mapping,
-            pieces: Mutex::new(vec![Piece::Absent; pieces]),
+            pieces: Mutex::new(states),
             fetched_one: Condvar::new(),
-            fetched: AtomicU64::new(0),
-            requests: AtomicU64::new(0),
         })
     }
 
