@@ -10,6 +10,7 @@
 //! page cache of that file, which the kernel reclaims under pressure (they
 //! are clean: written back to the local disk, not held in memory).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -32,6 +33,10 @@ enum Piece {
     Present,
 }
 
+/// Pieces one reader claims and fetches at once (64 MiB: one body
+/// checksum block of a `.qem`).
+const CLAIM_PIECES: usize = 64;
+
 /// An object being staged.
 pub struct Staged {
     object: Object,
@@ -41,7 +46,9 @@ pub struct Staged {
     /// fetches them without the lock and marks them present; a reader
     /// needing a piece another is fetching waits for it (`fetched_one`),
     /// so readers of different pieces fetch at once, and of one piece once.
-    pieces: Mutex<Vec<Piece>>,
+    /// Only pieces that are not absent are entered: the table follows what
+    /// was fetched, never the size the server declares.
+    pieces: Mutex<HashMap<usize, Piece>>,
     fetched_one: Condvar,
     fetched: AtomicU64,
     requests: AtomicU64,
@@ -68,22 +75,17 @@ impl Staged {
         let file = tempfile::tempfile().map_err(local)?;
         file.set_len(object.size()).map_err(local)?;
         let mapping = Mapping::map(&file).map_err(local)?;
-        let pieces = object.size().div_ceil(PIECE_BYTES);
-        let pieces = usize::try_from(pieces).map_err(|_| RemoteError::Request {
-            url: object.url().to_string(),
-            reason: format!("{} bytes: too large to address", object.size()),
-        })?;
         // The opening request's bytes are the first pieces (whole ones, or
         // the object's last, short one).
         let opening = object.opening();
         file.write_all_at(opening, 0).map_err(local)?;
-        let mut states = vec![Piece::Absent; pieces];
         let whole = if opening.len() as u64 == object.size() {
-            pieces
+            object.size().div_ceil(PIECE_BYTES)
         } else {
-            (opening.len() as u64 / PIECE_BYTES) as usize
+            opening.len() as u64 / PIECE_BYTES
         };
-        states[..whole].fill(Piece::Present);
+        let states: HashMap<usize, Piece> =
+            (0..whole as usize).map(|p| (p, Piece::Present)).collect();
         let opened = opening.len() as u64;
         Ok(Staged {
             fetched: AtomicU64::new(opened),
@@ -135,22 +137,34 @@ impl Staged {
         let first = (range.start / PIECE_BYTES) as usize;
         let last = ((range.end - 1) / PIECE_BYTES) as usize;
         let mut pieces = self.lock();
+        // Pieces before `from` are present or in flight; `waiting` says
+        // some were in flight (another reader's), to be looked at again.
+        let mut from = first;
+        let mut waiting = false;
+        // Whether the lock has been held since `waiting` was last set: a
+        // wait is safe only then (else the fetch it waits for may have
+        // ended, its wake-up gone to nobody, while this reader fetched).
+        let mut current = true;
         loop {
-            // Claim what nobody has or fetches, contiguous pieces together.
+            // Claim what nobody has or fetches, contiguous pieces together,
+            // at most CLAIM_PIECES a round: what a round holds in flight is
+            // bounded, whatever the range.
             let mut runs: Vec<Range<usize>> = Vec::new();
-            let mut waiting = false;
-            for p in first..=last {
-                match pieces[p] {
-                    Piece::Present => continue,
+            let mut claimed = 0;
+            while from <= last && claimed < CLAIM_PIECES {
+                match pieces.get(&from).copied().unwrap_or(Piece::Absent) {
+                    Piece::Present => {}
                     Piece::Fetching => waiting = true,
                     Piece::Absent => {
-                        pieces[p] = Piece::Fetching;
+                        pieces.insert(from, Piece::Fetching);
+                        claimed += 1;
                         match runs.last_mut() {
-                            Some(run) if run.end == p => run.end = p + 1,
-                            _ => runs.push(p..p + 1),
+                            Some(run) if run.end == from => run.end = from + 1,
+                            _ => runs.push(from..from + 1),
                         }
                     }
                 }
+                from += 1;
             }
             if runs.is_empty() {
                 if !waiting {
@@ -158,10 +172,15 @@ impl Staged {
                 }
                 // Another reader's fetch: present, or absent again if it
                 // failed (then this reader claims and tries it itself).
-                pieces = self
-                    .fetched_one
-                    .wait(pieces)
-                    .unwrap_or_else(|e| e.into_inner());
+                if current {
+                    pieces = self
+                        .fetched_one
+                        .wait(pieces)
+                        .unwrap_or_else(|e| e.into_inner());
+                }
+                from = first;
+                waiting = false;
+                current = true;
                 continue;
             }
             drop(pieces);
@@ -176,20 +195,20 @@ impl Staged {
                 Ok(())
             });
             pieces = self.lock();
-            let state = if fetched.is_ok() {
-                Piece::Present
-            } else {
-                Piece::Absent
-            };
-            for run in runs {
-                pieces[run].fill(state);
+            current = false;
+            for p in runs.iter().flat_map(|r| r.clone()) {
+                if fetched.is_ok() {
+                    pieces.insert(p, Piece::Present);
+                } else {
+                    pieces.remove(&p);
+                }
             }
             self.fetched_one.notify_all();
             fetched?;
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Piece>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Piece>> {
         self.pieces.lock().unwrap_or_else(|e| e.into_inner())
     }
 
