@@ -213,7 +213,7 @@ impl QemFile {
         let remote = |e: crate::remote::RemoteError| QemError::from(e.into_io());
         let staged = Staged::open(address).map_err(remote)?;
         let size = staged.object().size();
-        staged.ensure(0..HEADER_GUESS).map_err(remote)?;
+        // The opening request staged the first HEADER_GUESS bytes.
         let bytes = staged.bytes();
         if let Some(n) = bytes.get(8..16) {
             let n = u64::from_le_bytes(n.try_into().unwrap_or([0; 8]));
@@ -225,15 +225,6 @@ impl QemFile {
             }
         }
         Self::from_source(Source::Staged(Arc::new(staged)))
-    }
-
-    /// Bytes fetched from a remote object so far and the requests that
-    /// fetched them; `None` for a local file.
-    pub fn remote_fetched(&self) -> Option<(u64, u64)> {
-        match &self.source {
-            Source::Staged(s) => Some(s.fetched()),
-            _ => None,
-        }
     }
 
     /// Reads a file held in memory (tests, fuzzing, network sources).

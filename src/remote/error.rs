@@ -34,7 +34,7 @@ fn with_detail(text: &str) -> String {
 }
 
 /// The text of an error and all its sources.
-fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut next = e.source();
     while let Some(s) = next {

@@ -36,18 +36,6 @@ pub struct Object {
 /// and, for all but the largest scans, its whole header.
 pub const OPENING_BYTES: u64 = 1 << 20;
 
-/// Whether an error's text, or a source's, mentions `what`.
-fn chain_mentions(e: &(dyn std::error::Error + 'static), what: &str) -> bool {
-    let mut next = Some(e);
-    while let Some(e) = next {
-        if e.to_string().contains(what) {
-            return true;
-        }
-        next = e.source();
-    }
-    false
-}
-
 impl std::fmt::Debug for Object {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Object")
@@ -124,7 +112,7 @@ impl Object {
                 object.opening = bytes;
             }
             // An empty object has no first byte to ask for.
-            Err(e) if chain_mentions(&e, "416") => {
+            Err(e) if super::error::chain(&e).contains("416") => {
                 let store = Arc::clone(&object.store);
                 object.meta = run(&object, async { store.head(&object.path).await })?
                     .map_err(|e| object.error(e))?;

@@ -130,15 +130,14 @@ pub(crate) fn s3(bucket: &str, url: &str) -> Result<Arc<dyn ObjectStore>, Remote
                 url: url.to_string(),
             });
         }
-        builder
-            .with_client_options(client_options())
-            .with_retry(retry())
-            .build()
-            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
-            .map_err(|e| RemoteError::Request {
-                url: url.to_string(),
-                reason: format!("cannot set up the S3 client: {e}"),
-            })
+        built(
+            builder
+                .with_client_options(client_options())
+                .with_retry(retry())
+                .build(),
+            url,
+            "S3",
+        )
     })
 }
 
@@ -146,17 +145,30 @@ pub(crate) fn s3(bucket: &str, url: &str) -> Result<Arc<dyn ObjectStore>, Remote
 pub(crate) fn http(url: &url::Url) -> Result<Arc<dyn ObjectStore>, RemoteError> {
     let origin = url.origin().ascii_serialization();
     cached(&origin, || {
-        HttpBuilder::new()
-            .with_url(origin.clone())
-            .with_client_options(client_options())
-            .with_retry(retry())
-            .build()
-            .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
-            .map_err(|e| RemoteError::Request {
-                url: url.to_string(),
-                reason: format!("cannot set up the HTTP client: {e}"),
-            })
+        built(
+            HttpBuilder::new()
+                .with_url(origin.clone())
+                .with_client_options(client_options())
+                .with_retry(retry())
+                .build(),
+            url.as_str(),
+            "HTTP",
+        )
     })
+}
+
+/// A built client as the shared store, or why it could not be built.
+fn built<S: ObjectStore>(
+    store: object_store::Result<S>,
+    url: &str,
+    kind: &str,
+) -> Result<Arc<dyn ObjectStore>, RemoteError> {
+    store
+        .map(|s| Arc::new(s) as Arc<dyn ObjectStore>)
+        .map_err(|e| RemoteError::Request {
+            url: url.to_string(),
+            reason: format!("cannot set up the {kind} client: {e}"),
+        })
 }
 
 fn cached(

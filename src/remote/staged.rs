@@ -14,7 +14,6 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use super::address::Address;
@@ -50,15 +49,12 @@ pub struct Staged {
     /// was fetched, never the size the server declares.
     pieces: Mutex<HashMap<usize, Piece>>,
     fetched_one: Condvar,
-    fetched: AtomicU64,
-    requests: AtomicU64,
 }
 
 impl std::fmt::Debug for Staged {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Staged")
             .field("object", &self.object)
-            .field("fetched", &self.fetched)
             .finish_non_exhaustive()
     }
 }
@@ -86,10 +82,7 @@ impl Staged {
         };
         let states: HashMap<usize, Piece> =
             (0..whole as usize).map(|p| (p, Piece::Present)).collect();
-        let opened = opening.len() as u64;
         Ok(Staged {
-            fetched: AtomicU64::new(opened),
-            requests: AtomicU64::new(1),
             object,
             file,
             mapping,
@@ -116,14 +109,6 @@ impl Staged {
     /// The staged local file, for a reader that maps it itself.
     pub fn file(&self) -> &File {
         &self.file
-    }
-
-    /// Bytes fetched so far, and the requests that fetched them.
-    pub fn fetched(&self) -> (u64, u64) {
-        (
-            self.fetched.load(Ordering::Relaxed),
-            self.requests.load(Ordering::Relaxed),
-        )
     }
 
     /// Makes the bytes of `range` (clamped to the object) present: the
@@ -189,10 +174,7 @@ impl Staged {
                 .map(|r| r.start as u64 * PIECE_BYTES..(r.end as u64 * PIECE_BYTES).min(size))
                 .collect();
             let fetched = self.object.read_parts(bytes, |part, data| {
-                self.file.write_all_at(&data, part.start)?;
-                self.fetched.fetch_add(data.len() as u64, Ordering::Relaxed);
-                self.requests.fetch_add(1, Ordering::Relaxed);
-                Ok(())
+                self.file.write_all_at(&data, part.start)
             });
             pieces = self.lock();
             current = false;
