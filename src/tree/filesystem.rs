@@ -485,12 +485,17 @@ impl Filesystem {
         numbered: bool,
     ) -> Result<Vec<(usize, u64, Attr, String)>, FsError> {
         match listing {
-            DirListing::Snapshot(entries) => Ok(entries
-                .iter()
-                .enumerate()
-                .skip(offset)
-                .map(|(i, (ino, attr, name))| (i, *ino, *attr, name.clone()))
-                .collect()),
+            // A page, not the rest: a request that cloned everything
+            // after its offset made listing a folder quadratic.
+            DirListing::Snapshot(entries) => {
+                let start = offset.min(entries.len());
+                let end = start.saturating_add(PAGE).min(entries.len());
+                Ok(entries[start..end]
+                    .iter()
+                    .enumerate()
+                    .map(|(k, (ino, attr, name))| (start + k, *ino, *attr, name.clone()))
+                    .collect())
+            }
             DirListing::Paged {
                 path,
                 node,
@@ -589,8 +594,7 @@ impl Filesystem {
                     }
                 }
             }
-            // A snapshot's page is the rest of it.
-            if full || matches!(*listing, DirListing::Snapshot(_)) {
+            if full {
                 return Ok(());
             }
             offset = last + 1;
