@@ -36,6 +36,7 @@ Examples:
   qemfs unmount /mnt/qem
   qemfs mount scan.qem /mnt/scan            # one file: its folder at /mnt/scan
   qemfs mount s3://lab/2026/scan.qem /mnt/scan   # one remote object (also https://)
+  qemfs mount s3://lab/2026/ /mnt/lab       # a prefix: its keys as folders
   qemfs mount --allow-other -o noatime data/ /mnt/qem
 
 Memory: decoded blocks, the windows of blocks too large to decode at once,
@@ -83,8 +84,9 @@ struct DaemonSpec {
 
 #[derive(Debug, Parser, serde::Serialize, serde::Deserialize)]
 struct MountArgs {
-    /// The folder to mirror, or one .qem/.semq file to show as a folder
-    /// (a local path, or an s3://BUCKET/KEY or http(s):// URL)
+    /// The folder to mirror, or one .qem/.semq file to show as a folder: a
+    /// local path, an s3://BUCKET/PREFIX (its keys as folders), or one
+    /// s3://BUCKET/KEY.qem or http(s):// object
     source: PathBuf,
     /// An empty directory to mount on (outside SRC)
     mountpoint: PathBuf,
@@ -251,21 +253,32 @@ fn check_local_source(src: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// A remote source: one `.qem`/`.semq` object, there and readable now
-/// (a missing object or bucket, or refused credentials, fail the mount).
+/// A remote source, there and readable now (a missing object or bucket,
+/// or refused credentials, fail the mount): one `.qem`/`.semq` object,
+/// opened; or an S3 prefix, listed.
 fn check_remote(
     args: &MountArgs,
     address: Result<qemfs::remote::Address, qemfs::remote::RemoteError>,
 ) -> Result<qemfs::remote::Address, String> {
+    use qemfs::remote::Address;
     let shown = args.source.display();
     let address = address.map_err(|e| format!("{shown}: {e}"))?;
-    if qemfs::tree::format_of(address.file_name()).is_none() {
-        return Err(format!(
-            "{shown}: not a .qem or .semq object (a prefix of many is not mounted yet)"
-        ));
-    }
     args.remote.apply();
-    qemfs::remote::Object::open(&address).map_err(|e| format!("{shown}: {e}"))?;
+    match &address {
+        Address::S3 { bucket, key } if qemfs::tree::format_of(key).is_none() => {
+            qemfs::remote::listing::list(bucket, key.trim_end_matches('/'))
+                .map_err(|e| format!("{shown}: {e}"))?;
+        }
+        Address::Http { .. } if qemfs::tree::format_of(address.file_name()).is_none() => {
+            return Err(format!(
+                "{shown}: not a .qem or .semq object (a web server lists no folders: \
+                 mount one object, or an s3:// prefix)"
+            ));
+        }
+        _ => {
+            qemfs::remote::Object::open(&address).map_err(|e| format!("{shown}: {e}"))?;
+        }
+    }
     Ok(address)
 }
 

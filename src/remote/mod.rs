@@ -9,6 +9,8 @@
 //! - [`Object`]: one opened object, every range of it pinned to the version
 //!   seen when it was opened (ETag, else size and modification time), so
 //!   that a replaced object fails a read instead of mixing two versions;
+//! - [`listing`]: the folders and objects under an S3 prefix (a mounted
+//!   prefix is that tree of keys);
 //! - [`Staged`]: an object's bytes staged by ranges into an unlinked local
 //!   file of its size and mapped, so that the readers (which address a file
 //!   as one slice) read what was fetched, and fetch only what they touch.
@@ -19,6 +21,7 @@
 
 mod address;
 mod error;
+pub mod listing;
 mod object;
 pub mod options;
 mod runtime;

@@ -24,6 +24,7 @@ pub mod content;
 pub mod filesystem;
 mod prefetch;
 mod qem_view;
+mod remote_dir;
 mod semq_view;
 pub(crate) mod source;
 mod virtual_dir;
@@ -37,6 +38,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 pub use content::{Content, Held};
+pub use remote_dir::RemoteDir;
 pub use source::{Origin, SourceDir};
 
 use crate::qem::QemFile;
@@ -166,6 +168,8 @@ pub fn info_json<'a>(
 pub enum Node {
     /// A folder of the source tree.
     SourceDir(SourceDir),
+    /// A folder of a mounted S3 prefix.
+    RemoteDir(RemoteDir),
     /// A virtual directory (a container or a folder inside one), with the
     /// attributes of its source file.
     Dir(Arc<dyn Directory>, Origin),
@@ -264,16 +268,20 @@ impl Default for TreeOptions {
 }
 
 /// The source file's identity when it was opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Stamp {
     size: u64,
     mtime: Option<SystemTime>,
+    /// A remote object's ETag (it changes with the bytes even within the
+    /// second its modification time is given in).
+    etag: Option<String>,
 }
 
 fn stamp(meta: &fs::Metadata) -> Stamp {
     Stamp {
         size: meta.len(),
         mtime: meta.modified().ok(),
+        etag: None,
     }
 }
 
@@ -323,6 +331,8 @@ pub struct Tree {
     /// The container of a remote root (a URL), once opened: a failed open
     /// is tried again at the next lookup, as the server may be back.
     remote_root: Mutex<Option<(Arc<dyn Directory>, Origin)>>,
+    /// When the tree was made: the time of a mounted prefix's folders.
+    started: SystemTime,
     sources: std::io::Result<source::Sources>,
     log: Log,
     logged: Mutex<HashSet<PathBuf>>,
@@ -331,6 +341,8 @@ pub struct Tree {
     detectors: DetectorOptions,
     opened: Mutex<lru::LruCache<PathBuf, Opened>>,
     next_id: AtomicU64,
+    /// Listings of the folders of a mounted S3 prefix.
+    listings: remote_dir::Listings,
 }
 
 impl Tree {
@@ -344,6 +356,7 @@ impl Tree {
             ),
             root,
             remote_root: Mutex::new(None),
+            started: SystemTime::now(),
             log: Arc::clone(&options.log),
             logged: Mutex::new(HashSet::new()),
             cache: Arc::new(Budget::new(options.cache_bytes)),
@@ -353,6 +366,7 @@ impl Tree {
                 std::num::NonZeroUsize::new(options.open_containers.max(1)).expect("at least 1"),
             )),
             next_id: AtomicU64::new(1),
+            listings: remote_dir::Listings::default(),
         }
     }
 
@@ -429,8 +443,7 @@ impl Tree {
 
     /// The container directory of `source`, opened now or reused when the
     /// file is unchanged since it was opened.
-    fn container(&self, source: &Path, format: Format, meta: &fs::Metadata) -> Arc<dyn Directory> {
-        let now = stamp(meta);
+    fn container(&self, source: &Path, format: Format, now: Stamp) -> Arc<dyn Directory> {
         let (id, slot) = {
             let mut opened = self.opened.lock().unwrap_or_else(|e| e.into_inner());
             match opened.get(source) {
@@ -534,7 +547,18 @@ impl Tree {
 
     /// The root: the source folder, or the container of a single file.
     pub fn root_node(&self) -> Result<Node, TreeError> {
-        if crate::remote::Address::of_path(&self.root).is_some() {
+        if let Some(address) = crate::remote::Address::of_path(&self.root) {
+            if let Ok(crate::remote::Address::S3 { bucket, key }) = address {
+                if format_of(&key).is_none() {
+                    // A prefix: its keys as folders. Its time is the
+                    // mount's (S3 folders have none of their own).
+                    return Ok(Node::RemoteDir(RemoteDir {
+                        bucket,
+                        prefix: key.trim_end_matches('/').to_string(),
+                        origin: Origin::remote(self.started),
+                    }));
+                }
+            }
             return self.remote_root_node();
         }
         let sources = self.sources()?;
@@ -552,7 +576,7 @@ impl Tree {
             .unwrap_or_default();
         match format_of(name) {
             Some(format) if meta.is_file() => Ok(Node::Dir(
-                self.container(real, format, &meta),
+                self.container(real, format, stamp(&meta)),
                 Origin::of(&meta),
             )),
             _ => Err(TreeError::Io {
@@ -592,7 +616,10 @@ impl Tree {
         }
         if meta.is_file() {
             if let Some(format) = format_of(name) {
-                return Ok(Node::Dir(self.container(&path, format, &meta), origin));
+                return Ok(Node::Dir(
+                    self.container(&path, format, stamp(&meta)),
+                    origin,
+                ));
             }
             return Ok(Node::File(
                 Arc::new(content::Passthrough::new(&path, meta.len())),
@@ -602,6 +629,38 @@ impl Tree {
         // Sockets, devices and FIFOs are not mirrored: reading one could
         // block a worker for good.
         Err(TreeError::NotFound(name.to_string()))
+    }
+
+    /// What the entry `name` of a mounted prefix's folder appears as.
+    fn remote_node(&self, parent: &RemoteDir, name: &str) -> Result<Node, TreeError> {
+        let listing = self.listings.of(parent)?;
+        if listing.folder(name) {
+            return Ok(Node::RemoteDir(parent.child(name)));
+        }
+        let Some(object) = listing.object(name) else {
+            return Err(TreeError::NotFound(name.to_string()));
+        };
+        let origin = Origin::remote(object.modified);
+        let url = parent.url(name);
+        if let Some(format) = format_of(name) {
+            let now = Stamp {
+                size: object.size,
+                mtime: Some(object.modified),
+                etag: object.etag.clone(),
+            };
+            return Ok(Node::Dir(
+                self.container(Path::new(&url), format, now),
+                origin,
+            ));
+        }
+        let address = crate::remote::Address::S3 {
+            bucket: parent.bucket.clone(),
+            key: parent.key(name),
+        };
+        Ok(Node::File(
+            Arc::new(remote_dir::RemoteFile::new(address, object.size)),
+            origin,
+        ))
     }
 
     /// Resolves a path relative to the mirrored folder.
@@ -624,6 +683,7 @@ impl Tree {
     pub fn child(&self, parent: &Node, name: &str) -> Result<Node, TreeError> {
         match parent {
             Node::SourceDir(dir) => self.source_node(dir, name),
+            Node::RemoteDir(dir) => self.remote_node(dir, name),
             Node::Dir(d, origin) => match d.lookup(name) {
                 Some(Entry::Dir(d)) => Ok(Node::Dir(d, *origin)),
                 Some(Entry::File(f)) => Ok(Node::File(f, *origin)),
@@ -671,6 +731,30 @@ impl Tree {
                 out.sort_by(|a, b| a.0.cmp(&b.0));
                 Ok(out)
             }
+            Node::RemoteDir(parent) => {
+                let listing = self.listings.of(parent)?;
+                let mut out: Vec<(String, Attr)> = listing
+                    .folders
+                    .iter()
+                    .map(|name| (name.clone(), Attr::dir(&parent.origin)))
+                    .collect();
+                // A key that is also a prefix (`a` and `a/x`) shows as
+                // the folder, which a lookup finds first.
+                for object in &listing.objects {
+                    if listing.folder(&object.name) {
+                        continue;
+                    }
+                    let origin = Origin::remote(object.modified);
+                    let attr = if format_of(&object.name).is_some() {
+                        Attr::dir(&origin)
+                    } else {
+                        Attr::file(&origin, object.size, false)
+                    };
+                    out.push((object.name.clone(), attr));
+                }
+                out.sort_by(|a, b| a.0.cmp(&b.0));
+                Ok(out)
+            }
             Node::Dir(..) => self.list_range(dir, 0..usize::MAX),
             Node::File(..) => Err(TreeError::NotADirectory(String::new())),
         }
@@ -708,6 +792,7 @@ impl Tree {
     pub fn attr(&self, node: &Node) -> Attr {
         match node {
             Node::SourceDir(dir) => Attr::dir(&dir.origin),
+            Node::RemoteDir(dir) => Attr::dir(&dir.origin),
             Node::Dir(_, origin) => Attr::dir(origin),
             Node::File(f, origin) => Attr::file(origin, f.size(), f.is_passthrough()),
         }

@@ -11,6 +11,7 @@ fetching only what each answer needs, against real servers started here on
 Every output is compared with the same command on the local copy.
 """
 
+import errno
 import http.server
 import json
 import os
@@ -598,3 +599,105 @@ def io_bytes(data):
     import io
 
     return io.BytesIO(data)
+
+
+def s3_client(endpoint):
+    import boto3
+
+    return boto3.client(
+        "s3", endpoint_url=endpoint, aws_access_key_id="test", aws_secret_access_key="test", region_name="us-east-1"
+    )
+
+
+def use_s3_env(monkeypatch):
+    """The daemon takes its credentials from the environment."""
+    for key in list(os.environ):
+        if key.startswith("AWS_"):
+            monkeypatch.delenv(key)
+    for key, value in s3_env().items():
+        if key.startswith("AWS_"):
+            monkeypatch.setenv(key, value)
+
+
+# Keys of the prefix test, and the local folder tree they mirror.
+PREFIX_LAYOUT = {
+    "2026/run1/scan-u16.qem": "scan-u16.qem",
+    "2026/run1/notes.txt": None,
+    "2026/run2/derived.qem": "derived-scaled.qem",
+    "2026/embeddings.semq": "embeddings.semq",
+    "top.qem": "scan-u16.qem",
+}
+
+
+def test_a_mounted_prefix_mirrors_its_keys_as_folders(files, s3, mounts, tmp_path, monkeypatch):
+    client = s3_client(s3)
+    client.create_bucket(Bucket="tree")
+    local = tmp_path / "local"
+    for key, name in PREFIX_LAYOUT.items():
+        (local / key).parent.mkdir(parents=True, exist_ok=True)
+        if name is None:
+            (local / key).write_bytes(b"beam current 1.2 nA\n" * 100)
+        else:
+            shutil.copy(files / name, local / key)
+        client.upload_file(str(local / key), "tree", key)
+    # A console's "folder": a zero-byte key ending in `/`, not an entry.
+    client.put_object(Bucket="tree", Key="2026/run1/", Body=b"")
+    use_s3_env(monkeypatch)
+    local_mnt = mounts(local)
+    bucket_mnt = mounts("s3://tree", "--endpoint-url", s3)
+    prefix_mnt = mounts("s3://tree/2026/", "--endpoint-url", s3)
+
+    assert sorted(os.listdir(bucket_mnt)) == ["2026", "top.qem"]
+    assert sorted(os.listdir(bucket_mnt / "2026" / "run1")) == ["notes.txt", "scan-u16.qem"]
+    for remote, base in [(bucket_mnt, local_mnt), (prefix_mnt, local_mnt / "2026")]:
+        want = [f for f in tree_files(base) if "/raw." not in f and not f.startswith("raw.")]
+        assert tree_files(remote) == want
+        picked = [f for f in want if "/frames/" not in f or "/frames/0/" in f]
+        assert len(picked) > 100
+        for f in picked:
+            assert (remote / f).read_bytes() == (base / f).read_bytes(), f
+        for f in want:
+            assert (remote / f).stat().st_size == (base / f).stat().st_size, f
+    note = (bucket_mnt / "2026" / "run1" / "notes.txt").stat()
+    assert note.st_mode & 0o777 == 0o400 and not (bucket_mnt / "2026").is_file()
+
+
+def test_an_object_replaced_under_a_mounted_prefix(files, s3, mounts, monkeypatch):
+    """A handle opened on the old object never reads bytes of two
+    versions: it reads the old one whole (its checked blocks were staged
+    before the swap), or, once the kernel asks for the file's attributes
+    again and the mount sees the new object, its reads fail (ESTALE, as for
+    a local file replaced; EIO for a range not yet fetched, as
+    test_an_object_replaced_while_read_is_refused shows). A lookup after
+    the listing's second sees the new object."""
+    client = s3_client(s3)
+    client.create_bucket(Bucket="swap")
+    client.upload_file(str(files / "large.qem"), "swap", "run/x.qem")
+    use_s3_env(monkeypatch)
+    mnt = mounts("s3://swap/run", "--endpoint-url", s3)
+    before = json.loads((mnt / "x.qem" / "info.json").read_bytes())
+    old = run("qem", "cat", files / "large.qem", "data.npy").stdout
+    with open(mnt / "x.qem" / "data.npy", "rb") as held:
+        first = held.read(4096)
+        time.sleep(1.1)  # a Last-Modified of its own second
+        client.upload_file(str(files / "scan-u16.qem"), "swap", "run/x.qem")
+        try:
+            assert first + held.read() == old
+        except OSError as e:
+            assert e.errno in (errno.ESTALE, errno.EIO), e
+    time.sleep(1.5)  # the listing's and the kernel's second
+    after = json.loads((mnt / "x.qem" / "info.json").read_bytes())
+    assert after != before
+    local = json.loads(run("qem", "cat", files / "scan-u16.qem", "info.json").stdout)
+    assert after == local
+    assert np.array_equal(
+        np.load(mnt / "x.qem" / "data.npy"),
+        np.load(io_bytes(run("qem", "cat", files / "scan-u16.qem", "data.npy").stdout)),
+    )
+
+
+def test_mounting_a_prefix_checks_the_bucket(s3, tmp_path, monkeypatch):
+    use_s3_env(monkeypatch)
+    out = run("qemfs", "mount", "s3://nobucket/2026/", tmp_path, "--endpoint-url", s3, check=False)
+    assert out.returncode == 2
+    assert "no such bucket 'nobucket'" in out.stderr.decode(), out.stderr.decode()
