@@ -252,6 +252,12 @@ impl Content for Lazy {
     }
 }
 
+/// How many of `want` bytes at `offset` lie within a file of `size` (0 at
+/// or past its end): what a `read_at` serves.
+pub(crate) fn readable(size: u64, offset: u64, want: usize) -> usize {
+    size.saturating_sub(offset).min(want as u64) as usize
+}
+
 /// A file of `size` bytes made piece by piece: `fill(offset, buf)` writes
 /// the bytes at `offset` into `buf` (whole, clamped to the size), from
 /// values it holds or computes for that range only. For derived files that
@@ -279,10 +285,10 @@ where
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
-        if offset >= self.size {
+        let n = readable(self.size, offset, buf.len());
+        if n == 0 {
             return Ok(0);
         }
-        let n = buf.len().min((self.size - offset) as usize);
         (self.fill)(offset, &mut buf[..n])?;
         Ok(n)
     }
@@ -334,11 +340,11 @@ impl Content for Passthrough {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
-        if offset >= self.size {
+        let want = readable(self.size, offset, buf.len());
+        if want == 0 {
             return Ok(0);
         }
         let file = self.file()?;
-        let want = buf.len().min((self.size - offset) as usize);
         let mut done = 0;
         while done < want {
             match file.read_at(&mut buf[done..want], offset + done as u64) {

@@ -152,11 +152,11 @@ impl Content for RemoteFile {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<usize, TreeError> {
-        if offset >= self.size {
+        let n = super::content::readable(self.size, offset, buf.len());
+        if n == 0 {
             return Ok(0);
         }
         let staged = self.staged()?;
-        let n = buf.len().min((self.size - offset) as usize);
         staged
             .ensure(offset..offset + n as u64)
             .map_err(|e| self.error(e.to_string()))?;
