@@ -76,6 +76,73 @@ pub fn check_pages(
     ))
 }
 
+/// Checks that every visible subcommand of `cli` ends its help (and so its
+/// man page) with examples, and that each example is a command line
+/// `parse` accepts: an example a renamed flag has broken fails the tool's
+/// test, not a user's shell. The error names the subcommand or the line.
+pub fn check_examples(
+    mut cli: Command,
+    parse: impl Fn(&[String]) -> Result<(), String>,
+) -> Result<(), String> {
+    cli.build();
+    let program = cli.get_name().to_string();
+    let mut seen = 0;
+    for sub in cli
+        .get_subcommands()
+        .filter(|s| !s.is_hide_set() && s.get_name() != "help")
+    {
+        let help = sub
+            .get_after_help()
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let lines = example_lines(&help, &program);
+        if lines.is_empty() {
+            return Err(format!(
+                "`{program} {}` has no examples in its help",
+                sub.get_name()
+            ));
+        }
+        for words in lines {
+            if words.get(1).map(String::as_str) != Some(sub.get_name()) {
+                return Err(format!(
+                    "an example of `{program} {}` runs another subcommand: {words:?}",
+                    sub.get_name()
+                ));
+            }
+            parse(&words).map_err(|e| format!("example {words:?} does not parse: {e}"))?;
+            seen += 1;
+        }
+    }
+    if seen == 0 {
+        return Err(format!("`{program}` has no subcommand examples"));
+    }
+    Ok(())
+}
+
+/// The command lines of an "Examples:" section that start with `program`,
+/// cut at a comment, a redirection, a pipe or `&&` (each part after `&&`
+/// is a command line too).
+fn example_lines(help: &str, program: &str) -> Vec<Vec<String>> {
+    let mut lines = Vec::new();
+    let Some((_, examples)) = help.split_once("Examples:") else {
+        return lines;
+    };
+    for line in examples.lines() {
+        let line = line.split(" #").next().unwrap_or("");
+        for part in line.split("&&") {
+            let words: Vec<String> = part
+                .split_whitespace()
+                .take_while(|w| !matches!(*w, ">" | "|" | "<"))
+                .map(String::from)
+                .collect();
+            if words.first().map(String::as_str) == Some(program) {
+                lines.push(words);
+            }
+        }
+    }
+    lines
+}
+
 /// clap's `help` subcommand holds a copy of every subcommand; its page
 /// names its argument instead of listing pages that do not exist.
 fn help_page(help: &Command, tool: &str) -> Command {

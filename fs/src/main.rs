@@ -56,14 +56,33 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Mirror SRC at MNT; every .qem and .semq file appears as a directory
+    #[command(after_help = "Examples:
+  qemfs mount data/ /mnt/qem
+  qemfs mount scan.qem /mnt/scan                 # one file: its folder at /mnt/scan
+  qemfs mount s3://lab/2026/scan.qem /mnt/scan   # one remote object (also https://)
+  qemfs mount s3://lab/2026/ /mnt/lab            # a prefix: its keys as folders
+  qemfs mount --endpoint-url http://127.0.0.1:9000 --no-sign-request s3://open/ /mnt/open
+  qemfs mount --cache-size 4096 --workers 8 data/ /mnt/qem
+  qemfs mount --allow-other -o noatime data/ /mnt/qem
+  qemfs mount --foreground --log-file qemfs.log data/ /mnt/qem
+
+Exit status: 0 once the mount is ready, 2 with the reason it is not.")]
     Mount(Box<MountArgs>),
     /// Unmount MNT (also a stale mount left by a killed daemon); returns
     /// once the daemon has exited
+    #[command(after_help = "Examples:
+  qemfs unmount /mnt/qem
+  qemfs unmount /mnt/qem && rmdir /mnt/qem
+
+Exit status: 0 once the daemon has exited, 2 if MNT is not a qemfs mount or cannot be unmounted.")]
     Unmount {
         /// The mount point
         mountpoint: PathBuf,
     },
     /// Print a shell completion script
+    #[command(after_help = "Examples:
+  qemfs completions bash > /etc/bash_completion.d/qemfs
+  qemfs completions zsh > ~/.zfunc/_qemfs")]
     Completions(CompletionsArgs),
     /// Internal: the detached daemon, given the parsed options as JSON
     #[command(hide = true)]
@@ -615,6 +634,20 @@ mod tests {
     /// `qemfs`'s man pages in man/ are generated from its clap
     /// definitions; this fails when they are stale. Regenerate with
     /// `QEMFS_UPDATE_MAN=1 cargo test -p qemfs-fuse --bin qemfs man_pages`.
+    /// Every subcommand's help ends with examples the parser accepts.
+    #[test]
+    fn every_subcommand_has_examples_that_parse() {
+        use clap::CommandFactory;
+        let parse = |argv: &[String]| {
+            Cli::try_parse_from(argv)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        if let Err(e) = qemfs_args::man::check_examples(Cli::command(), parse) {
+            panic!("{e}");
+        }
+    }
+
     #[test]
     fn man_pages_are_current() {
         use clap::CommandFactory;
