@@ -114,16 +114,19 @@ struct MountArgs {
     /// ignored)
     #[arg(short, long)]
     foreground: bool,
-    /// Append log lines to this file
+    /// Append log lines to this regular file (checked, and opened, before
+    /// mounting)
     #[arg(long)]
     log_file: Option<PathBuf>,
     /// The byte budget of all the mount computes and holds (decoded
     /// blocks, virtual images, digests, JSON documents), in MiB. Its
-    /// counters: `getfattr -n user.qemfs.cache --only-values MOUNTPOINT`
-    #[arg(long, default_value = "1024", value_name = "MiB", value_parser = at_least_one)]
+    /// counters: `getfattr -n user.qemfs.cache --only-values MOUNTPOINT`.
+    /// At most the machine's memory
+    #[arg(long, default_value = "1024", value_name = "MiB", value_parser = cache_size)]
     cache_size: usize,
-    /// Threads answering reads (default: twice the number of CPUs)
-    #[arg(long, default_value_t = default_workers(), hide_default_value = true, value_parser = at_least_one)]
+    /// Threads answering reads, 1 to 256 (default: twice the number of
+    /// CPUs)
+    #[arg(long, default_value_t = default_workers(), hide_default_value = true, value_parser = workers)]
     workers: usize,
     /// Containers kept open (mapped, headers parsed); the least recently
     /// used beyond this are closed until looked up again
@@ -160,6 +163,113 @@ fn open_containers(text: &str) -> Result<usize, String> {
         n if n <= 2048 => Ok(n),
         _ => Err(format!("{text:?} must be at most 2048")),
     }
+}
+
+/// The most threads `--workers` starts: each is a process slot of the
+/// user's (a PID cgroup of 1,500 was filled by 100,000 asked for), and
+/// past a few per core more threads only queue on the same decoder.
+const MAX_WORKERS: usize = 256;
+
+fn workers(text: &str) -> Result<usize, String> {
+    match at_least_one(text)? {
+        n if n <= MAX_WORKERS => Ok(n),
+        _ => Err(format!(
+            "{text:?} must be at most {MAX_WORKERS} (one thread each)"
+        )),
+    }
+}
+
+/// A budget is memory held: one larger than the machine's memory cannot
+/// be honoured, and one past 2^64 bytes is a typing error.
+fn cache_size(text: &str) -> Result<usize, String> {
+    let mib = at_least_one(text)?;
+    let memory = physical_memory_mib();
+    match memory {
+        Some(memory) if mib as u64 > memory => Err(format!(
+            "{text:?} MiB is more than this machine's memory ({memory} MiB)"
+        )),
+        _ if mib.checked_mul(1 << 20).is_none() => Err(format!(
+            "{text:?} MiB is more bytes than this machine can count"
+        )),
+        _ => Ok(mib),
+    }
+}
+
+/// The machine's physical memory in MiB, as sysconf(3) reports it.
+fn physical_memory_mib() -> Option<u64> {
+    // SAFETY: sysconf only reads system constants.
+    let (pages, page) = unsafe {
+        (
+            libc::sysconf(libc::_SC_PHYS_PAGES),
+            libc::sysconf(libc::_SC_PAGESIZE),
+        )
+    };
+    (pages > 0 && page > 0).then(|| (pages as u64).saturating_mul(page as u64) >> 20)
+}
+
+/// The smallest `-o max_read=`: one page. Below it every read of a
+/// frame splits into hundreds of requests; 0 is not a size.
+const MIN_MAX_READ: u64 = 4096;
+
+fn max_read(value: &str) -> Result<(), String> {
+    match value.parse::<u64>() {
+        Ok(n) if n >= MIN_MAX_READ => Ok(()),
+        _ => Err(format!(
+            "-o max_read={value}: must be a whole number of bytes >= {MIN_MAX_READ}"
+        )),
+    }
+}
+
+/// Opens `--log-file` for appending, refusing at once what would hang or
+/// lose lines: a FIFO (opening one for writing waits for a reader; with
+/// O_NONBLOCK it fails when none is there, and one that is there is
+/// refused like any non-regular file), a device such as /dev/full, a
+/// folder.
+fn open_log(path: &Path) -> Result<std::fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let shown = path.display();
+    let refuse = |m: std::fs::Metadata| match not_regular(&m) {
+        Some(what) => Err(format!(
+            "--log-file {shown}: {what}; log lines go to a regular file"
+        )),
+        None => Ok(()),
+    };
+    // Named before opening: a FIFO without a reader fails the open below
+    // with ENXIO, which says nothing to the user.
+    if let Ok(m) = std::fs::metadata(path) {
+        refuse(m)?;
+    }
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+        .map_err(|e| format!("--log-file {shown}: {e}"))?;
+    // Again on what was opened, which may have been swapped in meanwhile.
+    refuse(
+        file.metadata()
+            .map_err(|e| format!("--log-file {shown}: {e}"))?,
+    )?;
+    Ok(file)
+}
+
+/// What a file that is not a regular file is, in words.
+fn not_regular(m: &std::fs::Metadata) -> Option<&'static str> {
+    use std::os::unix::fs::FileTypeExt;
+    let kind = m.file_type();
+    Some(if kind.is_file() {
+        return None;
+    } else if kind.is_fifo() {
+        "a FIFO"
+    } else if kind.is_char_device() || kind.is_block_device() {
+        "a device"
+    } else if kind.is_dir() {
+        "a folder"
+    } else if kind.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    })
 }
 
 fn at_least_one(text: &str) -> Result<usize, String> {
@@ -251,6 +361,8 @@ const UNMOUNT_WAIT: Duration = Duration::from_secs(30);
 struct Checked {
     source: PathBuf,
     mountpoint: PathBuf,
+    /// `--log-file`, opened.
+    log: Option<std::fs::File>,
 }
 
 /// A local source: a folder, or one `.qem`/`.semq` regular file.
@@ -303,6 +415,7 @@ fn check_remote(
 
 /// Checks what can be checked before mounting, cleaning a stale mount.
 fn preflight(args: &MountArgs) -> Result<Checked, String> {
+    let log = args.log_file.as_deref().map(open_log).transpose()?;
     let src = &args.source;
     let shown = src.display();
     let remote = match qemfs::remote::Address::of_path(src) {
@@ -344,6 +457,7 @@ fn preflight(args: &MountArgs) -> Result<Checked, String> {
             None => real(src)?,
         },
         mountpoint: real(mnt)?,
+        log,
     };
     // A mount inside its own source would serve itself: a read deep
     // through the mirror of the mount waits on the daemon that makes it.
@@ -417,6 +531,10 @@ fn mount_config(args: &MountArgs, source: &Path) -> Result<fuser::Config, String
             "sync" => options.push(O::Sync),
             "async" => options.push(O::Async),
             "dirsync" => options.push(O::DirSync),
+            other if other.starts_with("max_read=") => {
+                max_read(&other["max_read=".len()..])?;
+                options.push(O::CUSTOM(other.to_string()))
+            }
             other if other.starts_with("fsname=") || other.starts_with("subtype=") => {
                 return Err(format!("-o {other}: set by qemfs"))
             }
@@ -432,7 +550,7 @@ fn mount_config(args: &MountArgs, source: &Path) -> Result<fuser::Config, String
 
 /// Starts `qemfs daemon SPEC` detached and waits for its readiness.
 fn start_daemon(mut args: MountArgs) -> Result<(), String> {
-    preflight(&args)?;
+    let checked = preflight(&args)?;
     // The daemon runs in the same folder, but paths given whole leave no
     // doubt in its log and in `ps`.
     let absolute = |p: &Path| mountpoint::absolute(p).map_err(|e| format!("{}: {e}", p.display()));
@@ -450,16 +568,7 @@ fn start_daemon(mut args: MountArgs) -> Result<(), String> {
     }
     let (read_fd, write_fd) = (fds[0], fds[1]);
     let exe = std::env::current_exe().map_err(|e| format!("locating qemfs: {e}"))?;
-    let log = match &args.log_file {
-        Some(path) => Stdio::from(
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| format!("{}: {e}", path.display()))?,
-        ),
-        None => Stdio::null(),
-    };
+    let log = checked.log.map_or_else(Stdio::null, Stdio::from);
     let spec = serde_json::to_string(&DaemonSpec {
         mount: args,
         ready_fd: write_fd,
@@ -531,7 +640,7 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
             return Err(e);
         }
     };
-    let (config, checked) = checked;
+    let (config, mut checked) = checked;
     // SIGINT, SIGTERM and SIGHUP unmount: taken by `sigtimedwait` below,
     // not by the default action, which would end the process with the
     // mount in place.
@@ -540,11 +649,7 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
         report(ready, &format!("error: {message}\n"));
         return Err(message);
     };
-    let log_file = args
-        .log_file
-        .as_ref()
-        .and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
-    let log_file = Arc::new(Mutex::new(log_file));
+    let log_file = Arc::new(Mutex::new(checked.log.take()));
     let log: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(move |line: &str| {
         let line = format!("{} qemfs: {line}\n", filesystem::timestamp());
         match &mut *log_file.lock().unwrap_or_else(|e| e.into_inner()) {
@@ -631,9 +736,6 @@ fn run_daemon(args: &MountArgs, ready_fd: Option<RawFd>) -> Result<(), String> {
 mod tests {
     use super::*;
 
-    /// `qemfs`'s man pages in man/ are generated from its clap
-    /// definitions; this fails when they are stale. Regenerate with
-    /// `QEMFS_UPDATE_MAN=1 cargo test -p qemfs-fuse --bin qemfs man_pages`.
     /// Every subcommand's help ends with examples the parser accepts.
     #[test]
     fn every_subcommand_has_examples_that_parse() {
@@ -648,6 +750,9 @@ mod tests {
         }
     }
 
+    /// `qemfs`'s man pages in man/ are generated from its clap
+    /// definitions; this fails when they are stale. Regenerate with
+    /// `QEMFS_UPDATE_MAN=1 cargo test -p qemfs-fuse --bin qemfs man_pages`.
     #[test]
     fn man_pages_are_current() {
         use clap::CommandFactory;

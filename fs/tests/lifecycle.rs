@@ -207,6 +207,54 @@ fn every_flag_reaches_the_detached_daemon_and_o_options_pass_through() {
     }
 }
 
+/// Options that cannot be honoured are refused before anything is
+/// mounted or started, at once, with exit 2 naming the option and why:
+/// a thread count that would fill the user's process slots, a budget
+/// larger than the machine, a read size of nothing, and log files that
+/// would hang the mount (a FIFO) or lose every line (a device).
+#[test]
+fn options_that_cannot_be_honoured_are_refused_at_once() {
+    let p = Place::new();
+    let fifo = p.dir.path().join("log.fifo");
+    let c = CString::new(fifo.as_os_str().as_bytes()).unwrap();
+    // SAFETY: valid C string naming a path in our temporary folder.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let fifo = fifo.to_str().unwrap().to_string();
+    let cases: [(&[&str], &str); 7] = [
+        (&["--workers", "100000"], "--workers"),
+        (&["--cache-size", "18446744073709551615"], "--cache-size"),
+        (&["--cache-size", "0"], "--cache-size"),
+        (&["-o", "max_read=0"], "max_read=0"),
+        (&["-o", "ro,max_read=x"], "max_read=x"),
+        (
+            &["--log-file", "/dev/full"],
+            "--log-file /dev/full: a device",
+        ),
+        (&["--log-file", &fifo], "a FIFO"),
+    ];
+    for (extra, named) in cases {
+        let (src, mnt) = (p.src.clone(), p.mnt.clone());
+        let argv: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        let out = within(Duration::from_secs(20), move || {
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            mount(&src, &mnt, &argv)
+        });
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out));
+        assert!(text(&out).contains(named), "{extra:?}: {}", text(&out));
+        assert!(!is_mounted(&p.mnt), "{extra:?} mounted");
+    }
+    // The refusal is the option's, not the mount's: in range they mount.
+    if can_mount() {
+        let out = mount(
+            &p.src,
+            &p.mnt,
+            &["--workers", "256", "-o", "max_read=131072"],
+        );
+        assert!(out.status.success(), "{}", text(&out));
+        assert!(unmount(&p.mnt).status.success());
+    }
+}
+
 #[test]
 fn one_file_mounts_as_its_folder() {
     if !can_mount() {
