@@ -82,6 +82,36 @@ impl Pool {
     }
 }
 
+/// A buffer that goes back to its pool when its last holder drops it: for
+/// one buffer read by two jobs at once (a conversion's stored object and
+/// its in-order digest).
+pub(crate) struct Pooled {
+    buffer: Vec<u8>,
+    pool: std::sync::Arc<Pool>,
+}
+
+impl Pooled {
+    pub fn new(buffer: Vec<u8>, pool: &std::sync::Arc<Pool>) -> Pooled {
+        Pooled {
+            buffer,
+            pool: std::sync::Arc::clone(pool),
+        }
+    }
+}
+
+impl std::ops::Deref for Pooled {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buffer
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buffer));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

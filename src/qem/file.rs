@@ -95,6 +95,53 @@ enum ChunkFault {
     Spatial(String),
 }
 
+/// The SHA-256 of a file's bytes as opened, fed in pieces
+/// (see [`QemFile::file_digest`]).
+pub struct FileDigest<'a> {
+    file: &'a QemFile,
+    hasher: Sha256,
+    /// Bytes hashed so far.
+    at: usize,
+    /// The mapping's fault count when the digest began.
+    faults: u64,
+    /// A piece of a remote object could not be fetched.
+    failed: bool,
+}
+
+impl FileDigest<'_> {
+    /// Hashes up to `most` more bytes; true once every byte is hashed (or
+    /// hashing failed, which [`finish`](Self::finish) reports).
+    pub fn step(&mut self, most: usize) -> bool {
+        let end = self.file.file_bytes();
+        if self.failed || self.at == end {
+            return true;
+        }
+        let piece = self.at..end.min(self.at.saturating_add(most.max(1)));
+        if self.file.source.ensure(piece.clone()).is_err() {
+            self.failed = true;
+            return true;
+        }
+        self.hasher.update(&self.file.source.bytes()[piece.clone()]);
+        self.at = piece.end;
+        self.at == end
+    }
+
+    /// Hashes what is left and gives the digest, or `None` when the file
+    /// changed while it was hashed (see [`QemFile::file_sha256_hex`]) or
+    /// could not be read.
+    pub fn finish(mut self, path: &Path) -> Option<String> {
+        while !self.step(usize::MAX) {}
+        let file = self.file;
+        let shorter = match &file.source {
+            Source::Mapped(_, id) => std::fs::metadata(path)
+                .is_ok_and(|m| (m.dev(), m.ino()) == *id && m.len() < file.file_bytes() as u64),
+            Source::Owned(_) | Source::Staged(_) => false,
+        };
+        let unchanged = !self.failed && file.faults() == self.faults && !shorter;
+        unchanged.then(|| hex(&self.hasher.finalize()))
+    }
+}
+
 /// Decoded streams of selected pixels over all frames.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PixelStreams {
@@ -364,15 +411,19 @@ impl QemFile {
     /// (bytes past a new end inside the last page read as zeros, with no
     /// fault to count).
     pub fn file_sha256_hex(&self, path: &Path) -> Option<String> {
-        self.source.ensure(0..self.file_bytes()).ok()?;
-        let before = self.faults();
-        let digest = hex(&Sha256::digest(self.source.bytes()));
-        let shorter = match &self.source {
-            Source::Mapped(_, id) => std::fs::metadata(path)
-                .is_ok_and(|m| (m.dev(), m.ino()) == *id && m.len() < self.file_bytes() as u64),
-            Source::Owned(_) | Source::Staged(_) => false,
-        };
-        (self.faults() == before && !shorter).then_some(digest)
+        self.file_digest().finish(path)
+    }
+
+    /// [`file_sha256_hex`](Self::file_sha256_hex) taken piece by piece, for
+    /// a caller that hashes the file between other work.
+    pub fn file_digest(&self) -> FileDigest<'_> {
+        FileDigest {
+            file: self,
+            hasher: Sha256::new(),
+            at: 0,
+            faults: self.faults(),
+            failed: false,
+        }
     }
     pub fn header_bytes(&self) -> usize {
         self.envelope.header_len

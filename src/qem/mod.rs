@@ -38,7 +38,7 @@ mod xml;
 
 pub use block::{BlockCursor, WINDOW_BYTES};
 pub use error::{ErrorKind, QemError, StreamFault, StreamSite};
-pub use file::{PixelStreams, PixelValues, QemFile, RawBlockStreams, HEADER_GUESS};
+pub use file::{FileDigest, PixelStreams, PixelValues, QemFile, RawBlockStreams, HEADER_GUESS};
 pub use header::{Codec, Dtype, Header, ValidMask};
 pub use layout::{BlockInfo, Chunk, SpatialArrays};
 pub use logical::LogicalDigest;

@@ -386,7 +386,15 @@ pub(super) fn directory(view: &Arc<QemView>, source_name: &str) -> Arc<dyn Direc
         arrays.push((name, meta, chunks));
     }
 
-    let group_attrs = layout::group_attributes(file, source_name);
+    let mut group_attrs = layout::group_attributes(file, source_name);
+    if let Some(Value::Object(qem)) = group_attrs.get_mut("qem") {
+        // Both digests take a whole read; the container's files compute
+        // them when first read (paths relative to this store).
+        qem.insert(
+            "identity_files".into(),
+            json!({"file_sha256": "../sha256", "logical_sha256": "../logical_sha256"}),
+        );
+    }
     let mut consolidated_v3 = Map::new();
     let mut consolidated_v2 = Map::new();
     consolidated_v2.insert(".zgroup".into(), json!({"zarr_format": 2}));

@@ -68,9 +68,12 @@ pub fn group_attributes(file: &QemFile, source_name: &str) -> Map<String, Value>
     qem.insert("source".into(), source_name.into());
     qem.insert("codec".into(), file.codec().id().into());
     qem.insert("stored_dtype".into(), file.stored_dtype().name().into());
-    // The file's own identities: the per-64 MiB body digests, and for float
-    // files the digest of the decoded array.
-    qem.insert("sha256".into(), json!(header.sha256));
+    // The identities the header holds: the digests of the body's 64 MiB
+    // pieces, and for float files the digest of the decoded array. A
+    // written store adds the file's digest and every codec's array digest
+    // (`super::identity`); the mount's view cannot without reading the
+    // whole file to open `zarr.json`, and points to its files instead.
+    qem.insert("body_sha256".into(), json!(header.sha256));
     if let Some(digest) = &header.logical_sha256 {
         qem.insert("logical_sha256".into(), digest.as_str().into());
     }

@@ -7,6 +7,7 @@
 //! from a `.qem` file and reads Zarr v2/v3 arrays back, through `zarrs`;
 //! [`shard`] sizes the shards of the stores it writes.
 
+mod identity;
 pub(crate) mod layout;
 pub mod shard;
 pub mod store;

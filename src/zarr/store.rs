@@ -31,10 +31,11 @@ use zarrs::storage::{
     WritableStorageTraits,
 };
 
+use super::identity;
 use super::layout::{self, DIMENSIONS};
 use super::shard;
 use crate::contained::contained;
-use crate::pool::Pool;
+use crate::pool::{Pool, Pooled};
 use crate::publish::{AtomicDir, Overwrite};
 use crate::qem::write::{Content, CountDtype, WriteSpec, RESERVED};
 use crate::qem::{Codec, Dtype, QemFile};
@@ -274,6 +275,17 @@ impl Grid {
 /// scan rows, or part of one, see [`shard::scan_shard`] and
 /// [`layout::scan_chunk`]), laid out in its scan rows and padded past the
 /// scan's edge.
+/// Which identities [`write_dense`] hashes while it writes.
+#[derive(Clone, Copy, PartialEq)]
+enum Hash {
+    Nothing,
+    /// The file's bytes (the decoded array's digest is known already).
+    File,
+    /// The file's bytes and the decoded array, in order.
+    FileAndArray,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn write_dense(
     file: &QemFile,
     source: &Path,
@@ -281,8 +293,9 @@ fn write_dense(
     grid: Grid,
     root: &Path,
     codes: bool,
+    hash: Hash,
     progress: &(dyn Fn(u64) + Sync),
-) -> Result<u64, ZarrError> {
+) -> Result<(u64, Option<identity::Identities>), ZarrError> {
     let [rows, columns, ..] = file.shape();
     let [object_rows, object_columns, ..] = grid.stored();
     let element = if codes {
@@ -292,9 +305,6 @@ fn write_dense(
     };
     let frame_bytes = file.pixels() * element;
     let counts = [rows.div_ceil(object_rows), columns.div_ceil(object_columns)];
-    let indices: Vec<[usize; 2]> = (0..counts[0])
-        .flat_map(|i| (0..counts[1]).map(move |j| [i, j]))
-        .collect();
     let what = if grid.shard.is_some() {
         "shard"
     } else {
@@ -306,51 +316,90 @@ fn write_dense(
     // encoding may start another object. Idle ones are kept up to two per
     // thread.
     let object_bytes = object_rows * object_columns * frame_bytes;
-    let buffers = Pool::new(2 * rayon::current_num_threads() * object_bytes);
-    indices.par_iter().try_for_each(|&[i, j]| {
-        let row = i * object_rows;
-        let column = j * object_columns;
-        let present_rows = object_rows.min(rows - row);
-        let present_columns = object_columns.min(columns - column);
-        // Whole rows (present_columns == columns) or part of one row: the
-        // present frames are one contiguous run either way.
-        let first = row * columns + column;
-        let count = if present_columns == columns {
-            present_rows * columns
-        } else {
-            present_columns
-        };
-        let present = count * frame_bytes;
-        let mut bytes = buffers.take_stale(object_bytes);
-        if present_columns == object_columns {
-            read_frames_into(file, first..first + count, codes, &mut bytes[..present])
-                .map_err(|e| fail(source, e))?;
-            // Rows past the scan's edge.
-            bytes[present..].fill(0);
-        } else {
-            // Columns padded up to the shard's width: place row by row.
-            let mut run = buffers.take_stale(present);
-            read_frames_into(file, first..first + count, codes, &mut run)
-                .map_err(|e| fail(source, e))?;
-            bytes.fill(0);
-            let row_bytes = present_columns * frame_bytes;
-            for (r, src) in run.chunks_exact(row_bytes.max(1)).enumerate() {
-                let at = r * object_columns * frame_bytes;
-                bytes[at..at + row_bytes].copy_from_slice(src);
-            }
-            buffers.give(run);
+    let threads = rayon::current_num_threads();
+    let buffers = Arc::new(Pool::new(2 * threads * object_bytes));
+    let write = |feed: Option<&identity::Feed<'_>>| {
+        // Objects are started in frame order (par_bridge takes them from
+        // the iterator in turn), so that the in-order digest seldom waits.
+        (0..counts[0])
+            .flat_map(|i| (0..counts[1]).map(move |j| [i, j]))
+            .par_bridge()
+            .try_for_each(|[i, j]| {
+                let row = i * object_rows;
+                let column = j * object_columns;
+                let present_rows = object_rows.min(rows - row);
+                let present_columns = object_columns.min(columns - column);
+                // Whole rows (present_columns == columns) or part of one
+                // row: the present frames are one contiguous run either way.
+                let first = row * columns + column;
+                let count = if present_columns == columns {
+                    present_rows * columns
+                } else {
+                    present_columns
+                };
+                let present = count * frame_bytes;
+                let mut bytes = buffers.take_stale(object_bytes);
+                if present_columns == object_columns {
+                    read_frames_into(file, first..first + count, codes, &mut bytes[..present])
+                        .map_err(|e| fail(source, e))?;
+                    // Rows past the scan's edge.
+                    bytes[present..].fill(0);
+                    let bytes = Arc::new(Pooled::new(bytes, &buffers));
+                    if let Some(feed) = feed {
+                        feed.give(first, count, &bytes, 0..present);
+                    }
+                    store(array, [i, j], &bytes, what, root)?;
+                } else {
+                    // Columns padded up to the shard's width: place row by row.
+                    let mut run = buffers.take_stale(present);
+                    read_frames_into(file, first..first + count, codes, &mut run)
+                        .map_err(|e| fail(source, e))?;
+                    bytes.fill(0);
+                    let row_bytes = present_columns * frame_bytes;
+                    for (r, src) in run.chunks_exact(row_bytes.max(1)).enumerate() {
+                        let at = r * object_columns * frame_bytes;
+                        bytes[at..at + row_bytes].copy_from_slice(src);
+                    }
+                    let run = Arc::new(Pooled::new(run, &buffers));
+                    if let Some(feed) = feed {
+                        feed.give(first, count, &run, 0..present);
+                    }
+                    drop(run);
+                    store(array, [i, j], &Pooled::new(bytes, &buffers), what, root)?;
+                }
+                progress(present as u64);
+                Ok(())
+            })
+    };
+    let identities = match hash {
+        Hash::Nothing => {
+            write(None)?;
+            None
         }
-        progress(present as u64);
-        array
-            .store_chunk(
-                &[i as u64, j as u64, 0, 0],
-                ArrayBytes::new_flen(&bytes[..]),
-            )
-            .map_err(|e| fail(root, format!("{what} {i}.{j}.0.0: {e}")))?;
-        buffers.give(bytes);
-        Ok(())
-    })?;
-    Ok((rows * columns * frame_bytes) as u64)
+        Hash::File | Hash::FileAndArray => {
+            // Runs waiting for an earlier one: as many as the pool keeps.
+            let bound = (2 * threads * object_bytes).max(64 << 20);
+            let array = hash == Hash::FileAndArray;
+            let (written, identities) =
+                identity::while_writing(file, source, array, bound, |feed| write(Some(feed)));
+            written?;
+            Some(identities)
+        }
+    };
+    Ok(((rows * columns * frame_bytes) as u64, identities))
+}
+
+/// Stores object `[i, j]` of `array`.
+fn store(
+    array: &Array<Written>,
+    [i, j]: [usize; 2],
+    bytes: &[u8],
+    what: &str,
+    root: &Path,
+) -> Result<(), ZarrError> {
+    array
+        .store_chunk(&[i as u64, j as u64, 0, 0], ArrayBytes::new_flen(bytes))
+        .map_err(|e| fail(root, format!("{what} {i}.{j}.0.0: {e}")))
 }
 
 /// Writes `file` as a Zarr v3 store at `target`: the group with `data`,
@@ -380,16 +429,6 @@ pub(crate) fn write_store(
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let mut attributes = layout::group_attributes(file, &source_name);
-    if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
-        let kept = kept_header(file).map_err(|e| fail(source, e))?;
-        qem.insert("header".into(), Value::Object(kept));
-    }
-    let mut group = GroupBuilder::new()
-        .build(Arc::clone(&store), "/")
-        .map_err(|e| fail(target, e))?;
-    *group.attributes_mut() = attributes;
-    group.store_metadata().map_err(|e| fail(target, e))?;
 
     let shape: Vec<u64> = file.shape().iter().map(|&s| s as u64).collect();
     let grid = Grid::of(file, shard_bytes);
@@ -415,7 +454,14 @@ pub(crate) fn write_store(
         },
     )?;
     let mut arrays = vec![("data".to_string(), data.metadata().clone())];
-    let mut dense_bytes = write_dense(file, source, &data, grid, target, false, progress)?;
+    // A float file's digest was checked above; the others' is hashed as
+    // the data is written.
+    let hash = match file.logical_verdict() {
+        Some(_) => Hash::File,
+        None => Hash::FileAndArray,
+    };
+    let (mut dense_bytes, identities) =
+        write_dense(file, source, &data, grid, target, false, hash, progress)?;
     let mut written = data.chunk_grid_shape().iter().product::<u64>();
     if file.codec() == Codec::Scaled {
         let codes = build_array(
@@ -433,7 +479,17 @@ pub(crate) fn write_store(
             },
         )?;
         arrays.push(("codes".to_string(), codes.metadata().clone()));
-        dense_bytes += write_dense(file, source, &codes, grid, target, true, progress)?;
+        let (bytes, _) = write_dense(
+            file,
+            source,
+            &codes,
+            grid,
+            target,
+            true,
+            Hash::Nothing,
+            progress,
+        )?;
+        dense_bytes += bytes;
         written += codes.chunk_grid_shape().iter().product::<u64>();
     }
     if let Some(mask) = layout::mask_bytes(file) {
@@ -480,6 +536,32 @@ pub(crate) fn write_store(
             .map_err(|e| fail(target, format!("{name}: {e}")))?;
         arrays.push((name.to_string(), array.metadata().clone()));
     }
+    // The group last: its attributes hold the identities hashed above.
+    let identities = identities.unwrap_or(identity::Identities {
+        logical: None,
+        file: None,
+    });
+    let logical = match identities.logical {
+        Some(digest) => file.check_logical(digest),
+        // The runs came too far out of order to hash as they went.
+        None => file.verify_logical(),
+    }
+    .map_err(|e| fail(source, e))?;
+    let file_sha256 = identities
+        .file
+        .ok_or_else(|| fail(source, "the file changed while it was converted"))?;
+    let mut attributes = layout::group_attributes(file, &source_name);
+    if let Some(Value::Object(qem)) = attributes.get_mut("qem") {
+        qem.insert("file_sha256".into(), file_sha256.into());
+        qem.insert("logical_sha256".into(), logical.into());
+        let kept = kept_header(file).map_err(|e| fail(source, e))?;
+        qem.insert("header".into(), Value::Object(kept));
+    }
+    let mut group = GroupBuilder::new()
+        .build(Arc::clone(&store), "/")
+        .map_err(|e| fail(target, e))?;
+    *group.attributes_mut() = attributes;
+    group.store_metadata().map_err(|e| fail(target, e))?;
     consolidate(&root, &arrays).map_err(|e| fail(target, e))?;
     dir.publish().map_err(|e| fail(target, e))?;
     Ok(StoreSummary {

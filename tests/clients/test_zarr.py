@@ -2,8 +2,10 @@
 cluster read the Zarr view of an acquisition, through the mount and through
 a copy made with `qem ls`/`qem cat`."""
 
+import hashlib
 import io
 import json
+import posixpath
 import subprocess
 import sys
 from pathlib import Path
@@ -117,7 +119,45 @@ def test_xarray_sees_named_calibrated_dimensions(copy_fixture, copied):
         qem = ds.attrs["qem"]
         assert qem["codec"] == "runtime-column-rans-spatial-v2"
         assert qem["electron_microscope"]["electron_source/accelerating_voltage"]["value"] == 300.0
-        assert qem["sha256"] == json.loads(cat(container, "header.json"))["sha256"]
+        assert qem["body_sha256"] == json.loads(cat(container, "header.json"))["sha256"]
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_a_store_names_the_acquisition_it_came_from(name, tmp_path, copy_fixture, copied):
+    """A written store's attributes hold the decoded array's SHA-256 (what
+    `qem hash` prints) and the file's (what sha256sum prints) for every
+    codec; the view, which cannot hash a whole file to open, names the
+    container's files that do."""
+    container = copy_fixture(f"qem/{name}.qem")
+    logical = hashlib.sha256(load(container, "data.npy").tobytes()).hexdigest()
+    assert run("qem", "hash", container).stdout.decode().split()[0] == logical
+    whole = hashlib.sha256(container.read_bytes()).hexdigest()
+    store = tmp_path / "out.zarr"
+    run("qem", "convert", container, store)
+    qem = zarr.open_group(str(store), mode="r").attrs["qem"]
+    assert qem["logical_sha256"] == logical
+    assert qem["file_sha256"] == whole
+    assert qem["body_sha256"] == json.loads(cat(container, "header.json"))["sha256"]
+    view = zarr.open_group(str(copied(container)), mode="r").attrs["qem"]
+    files = view["identity_files"]
+    assert set(files) == {"file_sha256", "logical_sha256"}
+    for key, expected in (("file_sha256", whole), ("logical_sha256", logical)):
+        rel = posixpath.normpath(posixpath.join("data.zarr", files[key]))
+        assert cat(container, rel).decode().strip() == expected
+
+
+def test_a_store_of_many_objects_hashes_in_order(tmp_path):
+    """Many objects written in parallel: the in-order digest still equals
+    numpy's over the whole array."""
+    data = acquisition(64, 48, 32)
+    container = qem_from_array(tmp_path, data, "scan.qem")
+    store = tmp_path / "out.zarr"
+    run("qem", "convert", container, store, "--zarr-shard-mib", "1")
+    group = zarr.open_group(str(store), mode="r")
+    assert group["data"].nchunks >= 4  # shards, written in parallel
+    qem = group.attrs["qem"]
+    assert qem["logical_sha256"] == hashlib.sha256(data.tobytes()).hexdigest()
+    assert qem["file_sha256"] == hashlib.sha256(container.read_bytes()).hexdigest()
 
 
 def test_uncalibrated_axes_are_in_pixels(copied, examples):
