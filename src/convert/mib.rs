@@ -267,15 +267,33 @@ fn hdr_number(hdr: &Map<String, Value>, key: &str) -> Option<u64> {
     hdr.get(key)?.as_str()?.trim().parse().ok()
 }
 
-/// The scan shape a `.hdr` gives: `ScanY`×`ScanX`, or lines of
-/// "Frames per Trigger" frames.
+/// The scan shape a `.hdr` states: `ScanY`×`ScanX`, or lines of "Frames
+/// per Trigger" frames when a trigger starts each scan line (more than one
+/// frame per trigger, and fewer than all). One frame per trigger (a
+/// trigger at every position) or every frame on one trigger says nothing
+/// of the shape: an 8-frame 4×2 scan is not 8×1, and nothing is guessed.
 fn hdr_scan(hdr: &Map<String, Value>) -> Option<[u64; 2]> {
     if let (Some(y), Some(x)) = (hdr_number(hdr, "ScanY"), hdr_number(hdr, "ScanX")) {
         return Some([y, x]);
     }
     let total = hdr_number(hdr, "Frames in Acquisition (Number)")?;
-    let line = hdr_number(hdr, "Frames per Trigger (Number)").filter(|&n| n > 0)?;
-    (total > 0 && total % line == 0).then_some([total / line, line])
+    let line = hdr_number(hdr, "Frames per Trigger (Number)")?;
+    (line > 1 && line < total && total % line == 0).then_some([total / line, line])
+}
+
+/// What a `.hdr` said of the scan, for a refusal that found no shape in it.
+fn hdr_scan_fields(hdr: &Map<String, Value>) -> String {
+    let said: Vec<String> = [
+        "Frames in Acquisition (Number)",
+        "Frames per Trigger (Number)",
+    ]
+    .iter()
+    .filter_map(|key| Some(format!("{key} {}", hdr.get(*key)?.as_str()?.trim())))
+    .collect();
+    match said.is_empty() {
+        true => "no ScanX/ScanY or frame counts".to_string(),
+        false => format!("only {}", said.join(", ")),
+    }
 }
 
 pub struct MibSource {
@@ -329,13 +347,14 @@ impl MibSource {
         let scan = match (options.scan, hdr.as_ref().and_then(hdr_scan)) {
             (Some(s), _) | (None, Some(s)) => s,
             (None, None) => {
+                let why = match &hdr {
+                    None => format!("there is no {}", hdr_path.display()),
+                    Some(hdr) => format!("{} states {}", hdr_path.display(), hdr_scan_fields(hdr)),
+                };
                 return Err(ConvertError::input(
                     path,
-                    format!(
-                        "{frames} frames and no scan shape (no {} with one): give --scan ROWS,COLS",
-                        hdr_path.display()
-                    ),
-                ))
+                    format!("{frames} frames and no scan shape ({why}): give --scan ROWS,COLS"),
+                ));
             }
         };
         if scan[0].checked_mul(scan[1]) != Some(frames) {

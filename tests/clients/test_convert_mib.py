@@ -56,7 +56,7 @@ def quad_raw_pixels(frame, depth):
     return b"".join(raw_pixels(chip[y], depth) for y in range(r) for chip in chips)
 
 
-def write_mib(folder, data, pixel_type, depth, *, hdr=True, name="scan.mib", quad=False):
+def write_mib(folder, data, pixel_type, depth, *, hdr=True, name="scan.mib", quad=False, per_trigger=None):
     rows, cols = data.shape[:2]
     path = folder / name
     width = data.shape[3] * (2 if (pixel_type, depth) == ("R64", 24) else 1)
@@ -75,7 +75,7 @@ def write_mib(folder, data, pixel_type, depth, *, hdr=True, name="scan.mib", qua
             "HDR,\t\n"
             "Time and Date Stamp (day, mnth, yr, hr, min, s):\t01/01/2026 00:00:00\n"
             f"Frames in Acquisition (Number):\t{rows * cols}\n"
-            f"Frames per Trigger (Number):\t{cols}\n"
+            f"Frames per Trigger (Number):\t{cols if per_trigger is None else per_trigger}\n"
             "Counter Depth (number):\t12\n"
             "End\t\n"
         )
@@ -186,6 +186,24 @@ def test_the_scan_comes_from_the_hdr_or_the_command_line(tmp_path):
     ours, header = converted(tmp_path, src, "--scan", "4,3")
     assert header["shape"] == [4, 3, H, W]
     np.testing.assert_array_equal(ours, data.reshape(4, 3, H, W))
+
+
+@pytest.mark.parametrize("per_trigger", [1, ROWS * COLS])
+def test_a_hdr_that_states_no_scan_line_is_not_guessed_from(tmp_path, per_trigger):
+    """One frame per trigger (a trigger at every position) or all frames on
+    one trigger say nothing of the scan's shape: refused, saying what the
+    .hdr holds, the frame count and that --scan is needed; not 12x1 or 1x12."""
+    data = counts(4095)
+    src = write_mib(tmp_path, data, "U16", 12, per_trigger=per_trigger)
+    out = run("qem", "convert", src, tmp_path / "a.qem", check=False)
+    err = out.stderr.decode()
+    assert out.returncode == 2, err
+    assert f"{ROWS * COLS} frames and no scan shape" in err and "give --scan ROWS,COLS" in err, err
+    assert f"Frames per Trigger (Number) {per_trigger}" in err, err
+    assert not (tmp_path / "a.qem").exists()
+    ours, header = converted(tmp_path, src, "--scan", f"{ROWS},{COLS}")
+    assert header["shape"] == [ROWS, COLS, H, W]
+    np.testing.assert_array_equal(ours, data)
 
 
 def test_inconsistent_frame_headers_are_refused_naming_the_frame(tmp_path):
