@@ -93,7 +93,7 @@ pub enum Command {
   qem convert scan.npy scan.qem --voltage-kv 300 --scan-step 0.5nm --detector-sampling 0.8mrad
   qem convert scan_master.h5 scan.qem --scan 256,256              # DECTRIS ARINA/EIGER
   qem convert scan_master.h5 scan.qem --scan 256,256 --dectris-markers mask
-  qem convert default.mib scan.qem --scan 128,128                 # Merlin
+  qem convert default.mib scan.qem --scan 128,128                 # Merlin: frames in file row order (hyperspy flips them)
   qem convert acquisition.xml scan.qem                            # EMPAD (.xml + .raw)
   qem convert stack.tif scan.qem --scan 64,64
   qem convert data.h5:/experiment/datacube scan.qem
