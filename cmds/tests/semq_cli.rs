@@ -131,6 +131,64 @@ fn encode_reads_text_and_npy_ids() {
     }
 }
 
+/// An operator's parameter given to another operator is refused, naming
+/// it, before anything is written: `--op quant --sectors 8` built a quant
+/// file and ignored the 8.
+#[test]
+fn parameters_of_another_operator_are_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let vectors: Vec<u8> = [0.5f32, -0.5, 0.5, 0.5]
+        .iter()
+        .flat_map(|v| v.to_le_bytes())
+        .collect();
+    fs::write(tmp.path().join("v.f32"), &vectors).unwrap();
+    fs::write(tmp.path().join("ids.txt"), "a\n").unwrap();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--op", "quant", "--bins", "4", "--sectors", "8"],
+            "--sectors does not apply to --op quant",
+        ),
+        (
+            &["--op", "phase", "--sectors", "8", "--scale", "9"],
+            "--scale does not apply to --op phase",
+        ),
+        (
+            &["--op", "orbit", "--bins", "4", "--sectors", "8"],
+            "--bins and --sectors do not apply to --op orbit",
+        ),
+        (
+            &["--op", "quant", "--bins", "4", "--scale", "50"],
+            "--scale does not apply to --op quant",
+        ),
+    ];
+    for (flags, named) in cases {
+        semq()
+            .current_dir(tmp.path())
+            .arg("encode")
+            .args(flags)
+            .args([
+                "--dim",
+                "4",
+                "--vectors",
+                "v.f32",
+                "--ids",
+                "ids.txt",
+                "out.semq",
+            ])
+            .assert()
+            .code(2)
+            .stderr(predicates::str::contains(named));
+        assert!(!tmp.path().join("out.semq").exists(), "{flags:?}");
+    }
+    // The operator's own parameter alone is accepted.
+    semq()
+        .current_dir(tmp.path())
+        .args(["encode", "--op", "phase", "--sectors", "8", "--dim", "4"])
+        .args(["--vectors", "v.f32", "--ids", "ids.txt", "out.semq"])
+        .assert()
+        .success();
+}
+
 #[test]
 fn outputs_are_never_replaced_without_force() {
     let dir = fixtures();

@@ -195,7 +195,32 @@ fn manifest_pairs(args: &EncodeArgs) -> Result<Vec<(String, String)>, Failure> {
     Ok(pairs)
 }
 
+/// Each operator's own parameter; naming another's is a mistake about
+/// what is being built, not a default to ignore.
+fn check_parameters(args: &EncodeArgs) -> Result<(), Failure> {
+    let given = [
+        ("--bins", Op::Quant, args.bins.is_some()),
+        ("--sectors", Op::Phase, args.sectors.is_some()),
+        ("--scale", Op::Orbit, args.scale.is_some()),
+    ];
+    let stray: Vec<&str> = given
+        .iter()
+        .filter(|(_, op, set)| *set && *op != args.op)
+        .map(|(flag, _, _)| *flag)
+        .collect();
+    if stray.is_empty() {
+        return Ok(());
+    }
+    let op = format!("{:?}", args.op).to_lowercase();
+    Err(Failure::plain(format!(
+        "{} {} not apply to --op {op} (--bins is quant's, --sectors phase's, --scale orbit's)",
+        stray.join(" and "),
+        if stray.len() == 1 { "does" } else { "do" },
+    )))
+}
+
 pub fn encode(args: &EncodeArgs) -> Result<u8, Failure> {
+    check_parameters(args)?;
     let param = match args.op {
         Op::Quant => args.bins,
         Op::Phase => args.sectors,
