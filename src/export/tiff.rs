@@ -32,7 +32,9 @@ use crate::qem::{QemFile, ScientificMetadata};
 pub enum Sample {
     U8,
     U16,
+    U32,
     F32,
+    F64,
 }
 
 impl Sample {
@@ -40,15 +42,27 @@ impl Sample {
         match self {
             Sample::U8 => 1,
             Sample::U16 => 2,
-            Sample::F32 => 4,
+            Sample::U32 | Sample::F32 => 4,
+            Sample::F64 => 8,
         }
     }
 
     /// TIFF SampleFormat: 1 = unsigned integer, 3 = IEEE float.
     fn format(self) -> u16 {
         match self {
-            Sample::F32 => 3,
-            _ => 1,
+            Sample::F32 | Sample::F64 => 3,
+            Sample::U8 | Sample::U16 | Sample::U32 => 1,
+        }
+    }
+
+    /// The name numpy gives it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Sample::U8 => "uint8",
+            Sample::U16 => "uint16",
+            Sample::U32 => "uint32",
+            Sample::F32 => "float32",
+            Sample::F64 => "float64",
         }
     }
 }

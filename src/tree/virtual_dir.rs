@@ -1,6 +1,6 @@
 //! `NAME.qem/virtual/`: virtual detector images, centre of mass, mean and
 //! maximum patterns, each as `.npy` with an 8-bit `.png` preview (and the
-//! float32 images as calibrated `.tiff`), and `detectors.json` with the
+//! exact calibrated `.tiff`), and `detectors.json` with the
 //! geometry used.
 //!
 //! Sizes come from the header; values are computed on first read through
@@ -227,6 +227,14 @@ impl Products {
                 Codec::Scaled => "exact sums of the decoded codes, calibrated once in float64",
             },
         });
+        let file = self.view.file();
+        let [images, means] = image_kinds(file.codec());
+        doc["tiff"] = serde_json::json!({
+            "what": "each NAME.tiff holds NAME.npy's values exactly, with the sampling",
+            "images": tiff_sample(file, images).name(),
+            "com_row, com_col, dpc_magnitude, dpc_angle, idpc, mean_dp": tiff_sample(file, means).name(),
+            "why": "counts as uint32 when every valid pixel at the stored type's maximum sums within it, else float64",
+        });
         doc["on_lookup"] = serde_json::json!({
             "disk-CY-CX-R.npy, annulus-CY-CX-RI-RO.npy": "any other detector, same edge rule",
             "point-R-C.npy": "detector pixel (R, C) per scan position",
@@ -371,19 +379,31 @@ impl ImageValues {
         }
     }
 
-    /// Bytes `[at, at + buf.len())` of the values as float32 (a TIFF's
-    /// pixels); past the values (a TIFF page's padding), zeros.
-    fn read_f32(&self, at: u64, buf: &mut [u8]) -> Result<(), TreeError> {
-        let first = ((at / 4) as usize).min(self.len);
-        let end = ((at + buf.len() as u64).div_ceil(4) as usize).min(self.len);
+    /// Bytes `[at, at + buf.len())` of the values as `sample` (a TIFF's
+    /// pixels, exact by [`tiff_sample`]); past the values (a TIFF page's
+    /// padding), zeros.
+    fn read_as(&self, sample: Sample, at: u64, buf: &mut [u8]) -> Result<(), TreeError> {
+        let size = sample.size();
+        let first = ((at / size) as usize).min(self.len);
+        let end = ((at + buf.len() as u64).div_ceil(size) as usize).min(self.len);
         let e = self.element();
         let mut native = vec![0u8; (end - first) * e];
         self.read_exact((first * e) as u64, &mut native)?;
-        let floats: Vec<u8> = native
-            .chunks_exact(e)
-            .flat_map(|v| (self.value(v) as f32).to_le_bytes())
-            .collect();
-        let done = copy_range(&floats, at - (first * 4) as u64, buf);
+        let mut converted = Vec::with_capacity((end - first) * size as usize);
+        for v in native.chunks_exact(e) {
+            match (sample, self.kind) {
+                (Sample::U32, ImageKind::U64) => {
+                    let n = u64::from_le_bytes(v.try_into().expect("8 bytes"));
+                    // The bound of `tiff_sample` holds for every sum.
+                    let n = u32::try_from(n)
+                        .map_err(|_| TreeError::Internal(format!("a count of {n} past uint32")))?;
+                    converted.extend_from_slice(&n.to_le_bytes());
+                }
+                (Sample::F64, _) => converted.extend_from_slice(&self.value(v).to_le_bytes()),
+                _ => converted.extend_from_slice(&(self.value(v) as f32).to_le_bytes()),
+            }
+        }
+        let done = copy_range(&converted, at - first as u64 * size, buf);
         buf[done..].fill(0);
         Ok(())
     }
@@ -443,16 +463,43 @@ impl Content for ImageNpy {
     }
 }
 
-/// A float32 TIFF that carries the image's sampling (scan step or detector
-/// sampling), so Fiji and hyperspy show it to scale.
-fn tiff_file(shape: [usize; 2], sampling: &Sampling, values: Arc<ImageValues>) -> Option<Entry> {
+/// The TIFF sample type that holds an image of `kind` of `file` exactly:
+/// float32 images as they are; sums of counts as uint32 when the largest
+/// sum the file can hold (every valid pixel at the stored type's maximum)
+/// fits, else float64 (exact to 2^53); float64 images as float64. A
+/// float32 TIFF of counts was inexact above 2^24.
+fn tiff_sample(file: &crate::qem::QemFile, kind: ImageKind) -> Sample {
+    match kind {
+        ImageKind::F32 => Sample::F32,
+        ImageKind::F64 => Sample::F64,
+        ImageKind::U64 => {
+            let most = match file.stored_dtype() {
+                Dtype::U8 => u64::from(u8::MAX),
+                _ => u64::from(u16::MAX),
+            };
+            match (file.pixels() as u64).checked_mul(most) {
+                Some(sum) if sum <= u64::from(u32::MAX) => Sample::U32,
+                _ => Sample::F64,
+            }
+        }
+    }
+}
+
+/// A TIFF of an image's exact values that carries its sampling (scan
+/// step or detector sampling), so Fiji and hyperspy show it to scale.
+fn tiff_file(
+    shape: [usize; 2],
+    sample: Sample,
+    sampling: &Sampling,
+    values: Arc<ImageValues>,
+) -> Option<Entry> {
     // A 2-D image always fits (axes are below 2^24).
-    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, Sample::F32, sampling)?;
+    let layout = TiffLayout::new(shape[0] as u32, shape[1] as u32, sample, sampling)?;
     Some(Entry::File(Arc::new(Windowed::new(
         layout.total_len(),
         move |offset, buf: &mut [u8]| {
             let n = layout.read_at(offset, buf, |at, out| {
-                values.read_f32(at, out).map(|()| out.len())
+                values.read_as(sample, at, out).map(|()| out.len())
             })?;
             if n != buf.len() {
                 return Err(TreeError::Internal("a TIFF shorter than announced".into()));
@@ -462,9 +509,9 @@ fn tiff_file(shape: [usize; 2], sampling: &Sampling, values: Arc<ImageValues>) -
     ))))
 }
 
-/// An image as `NAME.npy` (in its kind's dtype), `NAME.tiff` (float32, with the
-/// sampling, for Fiji and hyperspy; the exact values are the .npy's) and
-/// `NAME.png`, all three from one computation of `make`.
+/// An image as `NAME.npy` (in its kind's dtype), `NAME.tiff` (the same
+/// values exactly, see [`tiff_sample`], with the sampling, for Fiji and
+/// hyperspy) and `NAME.png`, all three from one computation of `make`.
 fn image_pair(
     view: &QemView,
     entries: &mut BTreeMap<String, Entry>,
@@ -479,7 +526,8 @@ fn image_pair(
         format!("{name}.npy"),
         ImageNpy::entry(shape, Arc::clone(&values)),
     );
-    if let Some(tiff) = tiff_file(shape, sampling, Arc::clone(&values)) {
+    let sample = tiff_sample(view.file(), kind);
+    if let Some(tiff) = tiff_file(shape, sample, sampling, Arc::clone(&values)) {
         entries.insert(format!("{name}.tiff"), tiff);
     }
     entries.insert(format!("{name}.png"), preview_png(view, shape, values));

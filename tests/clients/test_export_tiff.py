@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import tifffile
 
-from conftest import run
+from conftest import qem_from_array, run
 
 
 def qem_array(qem, tmp_path):
@@ -208,13 +208,36 @@ def test_virtual_image_tiffs_carry_the_scan_step(examples, tmp_path):
             assert pixel_size(page, "XResolution") == pytest.approx(step)
             assert pixel_size(page, "YResolution") == pytest.approx(step)
             got = tif.asarray()
-        # The TIFF is the float32 rendition of the exact .npy (uint64/float64).
-        assert got.dtype == np.float32
-        np.testing.assert_array_equal(got, want.astype(np.float32))
+        # The TIFF holds the .npy's values exactly (uint64 sums as uint32).
+        assert got.dtype == {"bf": np.uint32, "mean_dp": np.float64}[name]
+        np.testing.assert_array_equal(got, want)
         rsciio_tiff = pytest.importorskip("rsciio.tiff")
         [signal] = rsciio_tiff.file_reader(str(tiff))
         assert [a["units"] for a in signal["axes"]] == [unit, unit]
         assert [a["scale"] for a in signal["axes"]] == pytest.approx([step, step])
+
+
+@pytest.mark.parametrize("detector,expected", [((64, 64), np.uint32), ((260, 256), np.float64)])
+def test_virtual_tiffs_of_counts_are_exact_past_2_to_the_24(tmp_path, detector, expected):
+    """Sums of counts past 2^24 (where float32 skips integers): uint32 when
+    every pixel at uint16's maximum would fit, else float64; detectors.json
+    says which."""
+    rng = np.random.default_rng(5)
+    data = rng.integers(4000, 6000, size=(2, 3, *detector), dtype=np.uint16)
+    data[0, 0, 0, 0] = 65535
+    src = qem_from_array(tmp_path, data, "bright.qem")
+    sums = data.reshape(2, 3, -1).sum(axis=-1, dtype=np.uint64)
+    assert sums.max() > 2**24 and np.any(sums.astype(np.float32).astype(np.uint64) != sums)
+    want = np.load(io.BytesIO(run("qem", "cat", src, "virtual/sum.npy").stdout))
+    np.testing.assert_array_equal(want, sums)
+    tiff = tmp_path / "sum.tiff"
+    tiff.write_bytes(run("qem", "cat", src, "virtual/sum.tiff").stdout)
+    got = tifffile.imread(tiff)
+    assert got.dtype == expected
+    np.testing.assert_array_equal(got, sums)
+    said = json.loads(run("qem", "cat", src, "virtual/detectors.json").stdout)["tiff"]
+    assert said["images"] == np.dtype(expected).name
+    assert said["com_row, com_col, dpc_magnitude, dpc_angle, idpc, mean_dp"] == "float64"
 
 
 def test_mounted_virtual_tiff_is_the_cat_bytes(examples, mount):
