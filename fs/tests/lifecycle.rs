@@ -244,15 +244,22 @@ fn options_that_cannot_be_honoured_are_refused_at_once() {
         assert!(!is_mounted(&p.mnt), "{extra:?} mounted");
     }
     // The refusal is the option's, not the mount's: in range they mount.
-    if can_mount() {
-        let out = mount(
-            &p.src,
-            &p.mnt,
-            &["--workers", "256", "-o", "max_read=131072"],
+    // Without root and /dev/fuse this half cannot run: a failure under CI.
+    if !can_mount() {
+        assert_ne!(
+            std::env::var("CI").as_deref(),
+            Ok("true"),
+            "CI=true: the in-range half needs root and /dev/fuse"
         );
-        assert!(out.status.success(), "{}", text(&out));
-        assert!(unmount(&p.mnt).status.success());
+        return;
     }
+    let out = mount(
+        &p.src,
+        &p.mnt,
+        &["--workers", "256", "-o", "max_read=131072"],
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(unmount(&p.mnt).status.success());
 }
 
 #[test]
